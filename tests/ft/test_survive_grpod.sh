@@ -15,6 +15,8 @@
 # With TP model copies (DP 2 x TP 2, 4 ranks): rank 3 killed at step 3; grpod shows it lost ("survived: DP 2 -> 1 at
 # step 3"), and rank 2, whose copy left, idle with an event saying why; the run finishes, rank 2 finished, the
 # weights one process's.
+# Work stealing with the key on (each host's lock-free ledger): rank 0 slowed at each generation's start, the others
+# make its units, the weights one process's.
 # Skipped (77) without Open MPI 5 (scripts/ompi5_env.sh --no-install).
 set -u
 . "$(dirname "$0")/../lib.sh" grpo-ft-grpod
@@ -120,5 +122,21 @@ expect "tpg: grpod's events say rank 2 left its model copy, and why" $?
 grep -Eq "^2 .*idle" "$TMP/status-tp.txt"
 expect "tpg: grpoctl status shows rank 2 idle" $?
 released_finishes tpg 2 "on the whole copy" "idle"
+
+# Work stealing where a rank may be lost: each host's engines share a lock-free ledger (no MPI one-sided lock). Rank 0
+# is made slow to start each generation (test.delay_s, under grpod): the other engines take its unstarted units;
+# the weights are one process's all the same (who makes a unit does not change it)
+# shellcheck disable=SC2046 # keys' words are the keys
+timeout "$(scaled 180)" "${MPIRUN[@]}" -np 3 grpo-worker $(keys steal) $(survive_keys 3) grpod.endpoint="$EP" \
+    grpod.connect_timeout_s=20 test.delay_phase=gen 'test.delay_s=[1.5,0,0]' >"$TMP/steal.log" 2>&1
+expect "steal: 3 ranks under grpod, rank 0 slow at each generation's start (mpirun exits 0)" $?
+says "$TMP/steal.log" "an idle engine takes the unstarted units of its host's slowest one (a lock-free ledger"
+expect "steal: rank 0 says stealing goes through each host's lock-free ledger" $?
+stolen=$(python3 -c 'import json, sys
+print(int(sum(json.loads(l).get("colocated/units_stolen", 0) for l in open(sys.argv[1]) if l.strip())))' \
+    "$TMP/steal/p/e/metrics.jsonl" 2>&1)
+[ "$stolen" -gt 0 ] 2>/dev/null
+expect "steal: the others made rank 0's units ($stolen stolen over $STEPS steps)" $?
+same_as_one steal
 stop_grpod
 finish

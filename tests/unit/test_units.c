@@ -6,6 +6,11 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -97,6 +102,99 @@ static void test_every_unit_once(void **state)
     }
 }
 
+/* The per-host word: the owner from the front, a thief from the back; a word of another round, or fresh zeros, is
+ * the engine's whole range; nothing left, nothing taken. */
+static void test_word_rule(void **state)
+{
+    (void)state;
+    uint64_t w = 0, next;
+    int u;
+    assert_int_equal(units_word_left(w, 7, 4, 8), 4); /* fresh memory: the range, not started */
+    assert_true(units_word_take(w, 7, 4, 8, false, &next, &u));
+    assert_int_equal(u, 4);
+    w = next;
+    assert_true(units_word_take(w, 7, 4, 8, true, &next, &u));
+    assert_int_equal(u, 7);
+    w = next;
+    assert_int_equal(units_word_left(w, 7, 4, 8), 2);
+    assert_true(units_word_take(w, 7, 4, 8, false, &next, &u));
+    assert_int_equal(u, 5);
+    w = next;
+    assert_true(units_word_take(w, 7, 4, 8, true, &next, &u));
+    assert_int_equal(u, 6);
+    w = next;
+    assert_false(units_word_take(w, 7, 4, 8, false, &next, &u));
+    assert_false(units_word_take(w, 7, 4, 8, true, &next, &u));
+    assert_int_equal(units_word_left(w, 7, 4, 8), 0);
+    /* the next round sees the old word as its whole range */
+    assert_int_equal(units_word_left(w, 8, 4, 8), 4);
+    assert_true(units_word_take(w, 8, 4, 8, false, &next, &u));
+    assert_int_equal(u, 4);
+    /* an empty range is empty in any round */
+    assert_false(units_word_take(0, 9, 3, 3, false, &next, &u));
+}
+
+/* Engines take only from their own host's: engine 0 (host {0, 1}) steals from 1, never from 2 or 3. */
+static void test_shared_steals_on_its_host(void **state)
+{
+    (void)state;
+    uint64_t words[4] = {0};
+    const int host_a[2] = {0, 1};
+    bool stolen;
+    /* 4 engines, 8 units: 0..1, 2..3, 4..5, 6..7 */
+    assert_int_equal(units_take_shared(words, host_a, 2, 4, 8, 1, 0, &stolen), 0);
+    assert_int_equal(units_take_shared(words, host_a, 2, 4, 8, 1, 0, &stolen), 1);
+    assert_int_equal(units_take_shared(words, host_a, 2, 4, 8, 1, 0, &stolen), 3); /* engine 1's last */
+    assert_true(stolen);
+    assert_int_equal(units_take_shared(words, host_a, 2, 4, 8, 1, 1, &stolen), 2);
+    assert_false(stolen);
+    assert_int_equal(units_take_shared(words, host_a, 2, 4, 8, 1, 0, &stolen), -1); /* 4..7 are another host's */
+    assert_int_equal(units_take_shared(words, host_a, 2, 4, 8, 1, 1, &stolen), -1);
+}
+
+/* 4 processes, one engine each, on one shared page, over 50 rounds of 37 units: every unit of every round made
+ * exactly once, whatever the interleaving of their compare-and-swaps (the host's ledger across processes). */
+static void test_shared_every_unit_once_across_processes(void **state)
+{
+    (void)state;
+    enum { E = 4, U = 37, ROUNDS = 50 };
+    const size_t bytes = E * sizeof(uint64_t) + (size_t)ROUNDS * (U + 1) * sizeof(int);
+    void *mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    assert_true(mem != MAP_FAILED);
+    uint64_t *words = mem;
+    int *made = (int *)(words + E);   /* made[round * U + unit]: by how many engines */
+    int *arrived = made + ROUNDS * U; /* arrived[round]: engines done with it */
+    const int local[E] = {0, 1, 2, 3};
+    pid_t kids[E];
+    for (int e = 0; e < E; e++) {
+        kids[e] = fork();
+        assert_true(kids[e] >= 0);
+        if (kids[e] == 0) {
+            for (int r = 0; r < ROUNDS; r++) {
+                bool stolen;
+                int u;
+                while ((u = units_take_shared(words, local, E, E, U, 1000 + r, e, &stolen)) >= 0)
+                    __atomic_add_fetch(&made[r * U + u], 1, __ATOMIC_RELAXED);
+                /* the next round once every engine is done with this one (a step's engines meet in a collective) */
+                __atomic_add_fetch(&arrived[r], 1, __ATOMIC_ACQ_REL);
+                while (__atomic_load_n(&arrived[r], __ATOMIC_ACQUIRE) < E)
+                    sched_yield();
+            }
+            _exit(0);
+        }
+    }
+    for (int e = 0; e < E; e++) {
+        int st = 0;
+        assert_int_equal(waitpid(kids[e], &st, 0), kids[e]);
+        assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    }
+    for (int r = 0; r < ROUNDS; r++)
+        for (int u = 0; u < U; u++)
+            if (made[r * U + u] != 1)
+                fail_msg("round %d unit %d made %d times", r, u, made[r * U + u]);
+    munmap(mem, bytes);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -104,6 +202,9 @@ int main(void)
         cmocka_unit_test(test_no_steal),
         cmocka_unit_test(test_steals_from_the_most_left),
         cmocka_unit_test(test_every_unit_once),
+        cmocka_unit_test(test_word_rule),
+        cmocka_unit_test(test_shared_steals_on_its_host),
+        cmocka_unit_test(test_shared_every_unit_once_across_processes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

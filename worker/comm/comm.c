@@ -371,3 +371,16 @@ void comm_table_free(struct comm_table *t)
     if (t)
         (*(struct comm **)t)->be->table_free(t);
 }
+
+struct comm_shared *comm_shared_create(struct comm *c, size_t bytes)
+{
+    return c->be->shared_create ? c->be->shared_create(c, bytes) : NULL;
+}
+
+void *comm_shared_base(const struct comm_shared *s) { return ((const struct comm_shared_head *)s)->base; }
+
+void comm_shared_free(struct comm_shared *s)
+{
+    if (s)
+        ((struct comm_shared_head *)s)->c->be->shared_free(s);
+}

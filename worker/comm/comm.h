@@ -215,6 +215,16 @@ void comm_table_update(struct comm_table *t, int64_t *v, void (*fn)(void *ud, in
 /* Free the table (collective over its comm). */
 void comm_table_free(struct comm_table *t);
 
+/* Memory shared by the ranks of c, every one of them on this host (a group of comm_split_node): bytes of it, zeros,
+ * the same bytes at comm_shared_base on every rank. Collective over c; NULL where the back-end has none. Plain
+ * memory that the ranks read and change with atomic operations, no MPI call in between: a rank that dies leaves
+ * nothing held, and the others are never inside an MPI call on its account (unlike comm_table's lock). */
+struct comm_shared;
+struct comm_shared *comm_shared_create(struct comm *c, size_t bytes);
+void *comm_shared_base(const struct comm_shared *s);
+/* Free it (collective over its comm). */
+void comm_shared_free(struct comm_shared *s);
+
 /* Seconds this process has spent inside blocking collectives and receives, over every comm (waiting for its
  * peers, and moving the data): the part of a step a rank is idle for others. */
 double comm_wait_seconds(void);
@@ -294,6 +304,14 @@ struct comm_backend {
     struct comm_table *(*table_create)(struct comm *, size_t);
     void (*table_update)(struct comm_table *, int64_t *, void (*)(void *, int64_t *), void *);
     void (*table_free)(struct comm_table *);
+    /* comm_shared_create and _free (NULL: none); a back-end's comm_shared starts with struct comm_shared_head */
+    struct comm_shared *(*shared_create)(struct comm *, size_t);
+    void (*shared_free)(struct comm_shared *);
+};
+
+struct comm_shared_head {
+    struct comm *c;
+    void *base;
 };
 
 struct comm {

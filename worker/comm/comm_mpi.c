@@ -478,6 +478,39 @@ static void mpi_table_free(struct comm_table *base)
     free(t);
 }
 
+/* comm_shared over MPI: a shared-memory window of the node's ranks (MPI_Win_allocate_shared), its bytes on rank 0
+ * and every rank's pointer to them; no synchronisation call is made on it after the start (comm.h) */
+struct mpi_shared {
+    struct comm_shared_head h; /* first member: comm.c finds the back-end and the base through it */
+    MPI_Win win;
+};
+
+static struct comm_shared *mpi_shared_create(struct comm *c, size_t bytes)
+{
+    struct mpi_shared *s = xcalloc(1, sizeof *s);
+    s->h.c = c;
+    void *mine = NULL;
+    if (MPI_Win_allocate_shared(c->rank == 0 ? (MPI_Aint)bytes : 0, 1, MPI_INFO_NULL, mc(c), &mine, &s->win) !=
+        MPI_SUCCESS) {
+        free(s);
+        return NULL; /* the ranks of c are not on one host */
+    }
+    MPI_Aint size = 0;
+    int unit = 0;
+    CHECK_MPI(MPI_Win_shared_query(s->win, 0, &size, &unit, &s->h.base));
+    if (c->rank == 0)
+        memset(s->h.base, 0, bytes);
+    CHECK_MPI(MPI_Barrier(mc(c))); /* nobody reads before the zeros */
+    return (struct comm_shared *)s;
+}
+
+static void mpi_shared_free(struct comm_shared *base)
+{
+    struct mpi_shared *s = (struct mpi_shared *)base;
+    CHECK_MPI(MPI_Win_free(&s->win));
+    free(s);
+}
+
 static const struct comm_backend mpi_backend = {
     .name = "mpi",
     .caps = {.device_memory = false},
@@ -506,6 +539,8 @@ static const struct comm_backend mpi_backend = {
     .table_create = mpi_table_create,
     .table_update = mpi_table_update,
     .table_free = mpi_table_free,
+    .shared_create = mpi_shared_create,
+    .shared_free = mpi_shared_free,
 };
 
 static struct comm *mpi_wrap(MPI_Comm m, bool owned)

@@ -67,7 +67,8 @@ struct colocated {
     struct colocated_figures fig; /* the step made last */
     struct hybrid_dapo dapo;
     struct survive *survive; /* trainer.survive_trainer_loss (NULL: off) */
-    bool steal;              /* placement.colocated_steal, off where a rank may be lost (run_colocated) */
+    bool steal;              /* placement.colocated_steal */
+    bool per_host;           /* stealing among each host's engines only, lock-free (a rank may be lost) */
 };
 
 /* Whether the update packs a group's prompt once (the trainer's rule: the key, on the CPU). */
@@ -503,9 +504,11 @@ static int colocated_setup(struct colocated *c, char *err, size_t errlen)
     const struct role_env *env = c->env;
     const struct grpo_config *cfg = env->cfg;
     c->units = units_per_step(cfg, env->at.engines);
-    c->ledger = units_ledger_create(env->trainers, env->at.engines, c->units, c->steal);
+    c->ledger =
+        units_ledger_create(env->trainers, env->at.engines, c->units, c->steal, c->per_host, env->at.engine, c->head);
     if (!c->ledger)
-        return error_set(err, errlen, "the work-unit ledger needs MPI one-sided memory on the world");
+        return error_set(err, errlen, "the work-unit ledger needs %s",
+                         c->per_host ? "MPI shared memory on each host" : "MPI one-sided memory on the world");
     if (gen_model_setup(c, err, errlen) != 0)
         return -1;
     c->rc = *trainer_rollout_ctx(c->t);
@@ -540,7 +543,10 @@ static int colocated_setup(struct colocated *c, char *err, size_t errlen)
                  "%d work unit(s) per generation round%s; %s",
                  env->world_size, env->at.dp_size, sp, env->at.tp_size, env->at.pp_size, env->at.engines,
                  env->world_size / env->at.engines, c->units,
-                 c->steal ? ", an idle engine takes the slowest one's unstarted units" : "",
+                 !c->steal     ? ""
+                 : c->per_host ? ", an idle engine takes the unstarted units of its host's slowest one (a lock-free "
+                                 "ledger in each host's shared memory: a rank may be lost)"
+                               : ", an idle engine takes the slowest one's unstarted units",
                  c->gen ? "the weights are resharded into the generation layout each step"
                         : "generation uses the training weights in place");
     return 0;
@@ -562,10 +568,11 @@ static void colocated_reform(void *ud, const struct survive_loss *loss)
     control_set_survived(env->ctl, loss->ranks, loss->n, loss->reason); /* grpod: lost, the run goes on */
     control_set_layout(env->ctl, env->at.dp, env->at.dp_size);
     c->units = units_per_step(env->cfg, env->at.engines);
-    c->ledger = units_ledger_create(env->trainers, env->at.engines, c->units, c->steal);
-    if (!c->ledger)
-        check_failf(__FILE__, __LINE__, "the survivors' work-unit ledger: no MPI one-sided memory");
     c->head = env->at.engine_tp == 0;
+    c->ledger =
+        units_ledger_create(env->trainers, env->at.engines, c->units, c->steal, c->per_host, env->at.engine, c->head);
+    if (!c->ledger)
+        check_failf(__FILE__, __LINE__, "the survivors' work-unit ledger: no shared memory on this host");
     char err[1024];
     if (!c->gen && gen_model_setup(c, err, sizeof err) != 0) /* a spare that took a shard's place */
         check_failf(__FILE__, __LINE__, "the generation model after a loss: %s", err);
@@ -598,16 +605,12 @@ static int run_colocated(struct role_env *env)
         .ctx = &c, .next_batch = next_batch, .generates = true, .validate = validate, .metrics = colocated_metrics};
     if (env->cfg->trainer_survive_trainer_loss) /* launch checked the layout (survive_check) */
         c.survive = survive_create(env, colocated_reform, &c);
-    /* Stealing shares the ledger in MPI one-sided memory, and Open MPI 5 says its one-sided components are untested
-     * after a failure (it warns so at start under --with-ft ulfm): a survivor was seen inside the ledger's lock for
-     * good while the others re-formed (ft-survive-net, docs/operations.md). Where a rank may be lost, each engine
-     * makes its own units: the same batch, without the long tail's balancing. */
-    c.steal = env->cfg->placement_colocated_steal && !c.survive;
-    if (env->rank == 0 && env->cfg->placement_colocated_steal && c.survive)
-        log_info("hybrid", KEY_placement_colocated_steal
-                 " is off in this run: " KEY_trainer_survive_trainer_loss
-                 "=true, and the stealing ledger lives in MPI one-sided memory, which Open MPI does not support "
-                 "after a rank's failure; each engine makes its own work units (the same batch)");
+    /* The stealing ledger of a run that may lose a rank is each host's own, lock-free (units.h): the shared one lives
+     * in MPI one-sided memory under a lock, and Open MPI 5 says its one-sided components are untested after a failure
+     * (it warns so at start under --with-ft ulfm): a survivor was seen inside that lock for good while the others
+     * re-formed (ft-survive-net, docs/operations.md), and a rank lost inside it would hold it for ever. */
+    c.steal = env->cfg->placement_colocated_steal;
+    c.per_host = c.survive != NULL;
     int status = run_trainer_process(env, &lay, &src, colocated_ready, &c);
     if (env->rank == 0 && c.stolen_total)
         log_info("hybrid", "%lld work unit(s) were made by another engine than their own", (long long)c.stolen_total);
