@@ -1620,6 +1620,14 @@ static void start_split_run(struct core *c, uint64_t inc[4])
     assert_string_equal(c->run.reason, "");
 }
 
+/* A split run's core, its 4 ranks registered and heard (start_split_run) */
+static void split_run(struct core *c, uint64_t inc[4])
+{
+    struct core_settings s = split_settings();
+    core_init(c, &s, T);
+    start_split_run(c, inc);
+}
+
 /* A heartbeat that must be acknowledged (not told to register again); returns a copy of its abort field. */
 static void beat_abort(struct core *c, int rank, uint64_t inc, char *abort_out, size_t len)
 {
@@ -1661,10 +1669,8 @@ static void test_split_rollout_rank_lost(void **state)
 {
     (void)state;
     struct core c;
-    struct core_settings s = split_settings();
-    core_init(&c, &s, T);
     uint64_t inc[4];
-    start_split_run(&c, inc);
+    split_run(&c, inc);
     const double t0 = T;
     /* 0.9 s of silence: under 2 x 0.5 s, nobody is suspect */
     T = t0 + 0.9;
@@ -1961,10 +1967,8 @@ static void test_split_trainers_finished_end_run(void **state)
 {
     (void)state;
     struct core c;
-    struct core_settings s = split_settings();
-    core_init(&c, &s, T);
     uint64_t inc[4];
-    start_split_run(&c, inc);
+    split_run(&c, inc);
     beat_ok(&c, 2, inc[2], GRPO__WORKER_STATE__WORKER_FINISHED, 5); /* a rollout rank first: training goes on */
     core_tick(&c, T);
     assert_int_equal(c.run.state, GRPO__RUN_STATE__RUN_RUNNING);
@@ -1994,10 +1998,8 @@ static void test_split_every_rollout_rank_lost(void **state)
 {
     (void)state;
     struct core c;
-    struct core_settings s = split_settings();
-    core_init(&c, &s, T);
     uint64_t inc[4];
-    start_split_run(&c, inc);
+    split_run(&c, inc);
     const double t0 = T;
     /* rank 3 is lost first (10 s of silence): the other rollout rank takes its work */
     const bool live3[4] = {true, true, true, false}, live2[4] = {true, true, false, false};
@@ -2032,10 +2034,8 @@ static void test_split_trainer_lost_aborts(void **state)
 {
     (void)state;
     struct core c;
-    struct core_settings s = split_settings();
-    core_init(&c, &s, T);
     uint64_t inc[4];
-    start_split_run(&c, inc);
+    split_run(&c, inc);
     const double t0 = T;
     const int others[3] = {0, 2, 3};
     char abort_text[CORE_REASON_MAX];
@@ -2114,10 +2114,8 @@ static void test_split_rank_ends_as_told(void **state)
 {
     (void)state;
     struct core c;
-    struct core_settings s = split_settings();
-    core_init(&c, &s, T);
     uint64_t inc[4];
-    start_split_run(&c, inc);
+    split_run(&c, inc);
     const double t0 = T;
     const bool live[4] = {true, false, true, true};
     run_until(&c, inc, live, t0 + 10.5);
