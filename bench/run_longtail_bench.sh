@@ -13,6 +13,9 @@
 # the first's second long group once its short ones are done.
 #
 #   bench/run_longtail_bench.sh            # STEPS=4, LEN=96 (data.max_response_length)
+#   SURVIVE=1 bench/run_longtail_bench.sh  # on build-ft's worker under scripts/mpirun_ft: stealing with the key off
+#                                          # (the shared table), with trainer.survive_trainer_loss=true (each host's
+#                                          # lock-free ledger), and the key on without stealing
 #
 # Results: $OUT (default build/bench-results/longtail-<time>/): steal/ and nosteal/ run directories, their logs,
 # and summary.md: step time, per-rank idle, the wait for the slowest engine, units stolen, and the response
@@ -43,13 +46,26 @@ COMMON=(actor_rollout_ref.model.path="$hf" trainer.total_training_steps="$STEPS"
     data.train_files="$OUT/longtail.jsonl" data.shuffle=false data.train_batch_size=4 data.max_response_length="$LEN"
     actor_rollout_ref.rollout.temperature=0.3 placement.colocated_units=4 trainer.nnodes=1 trainer.n_gpus_per_node=2)
 load0="$(cut -d' ' -f1-3 /proc/loadavg)"
-for steal in true false; do
-    name=steal
-    [ "$steal" = false ] && name=nosteal
-    echo "[bench] colocated DP2, placement.colocated_steal=$steal" >&2
-    mpirun --oversubscribe --bind-to none -np 2 build/worker/grpo-worker "${COMMON[@]}" \
-        placement.colocated_steal="$steal" trainer.default_local_dir="$OUT/$name" >"$OUT/$name.log" 2>&1
-done
+# run NAME STEAL [KEYS...]: one colocated DP2 run
+run() {
+    local name="$1" steal="$2"
+    shift 2
+    echo "[bench] $name: colocated DP2, placement.colocated_steal=$steal $*" >&2
+    "${LAUNCH[@]}" -np 2 "$WORKER" "${COMMON[@]}" placement.colocated_steal="$steal" "$@" \
+        trainer.default_local_dir="$OUT/$name" >"$OUT/$name.log" 2>&1
+}
+if [ "${SURVIVE:-0}" = 1 ]; then
+    LAUNCH=(scripts/mpirun_ft --oversubscribe --bind-to none) WORKER=grpo-worker # build-ft's (scripts/mpirun_ft)
+    run steal true
+    run steal-key true trainer.survive_trainer_loss=true
+    run nosteal-key false trainer.survive_trainer_loss=true
+    NAMES=(steal steal-key nosteal-key)
+else
+    LAUNCH=(mpirun --oversubscribe --bind-to none) WORKER=build/worker/grpo-worker
+    run steal true
+    run nosteal false
+    NAMES=(steal nosteal)
+fi
 
 python3 bench/dist_report.py "$OUT" "$(git rev-parse --short HEAD)" "$load0" "$(cut -d' ' -f1-3 /proc/loadavg)" \
-    steal nosteal --longtail | tee "$OUT/summary.md"
+    "${NAMES[@]}" --longtail | tee "$OUT/summary.md"
