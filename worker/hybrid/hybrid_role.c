@@ -67,8 +67,6 @@ struct colocated {
     struct colocated_figures fig; /* the step made last */
     struct hybrid_dapo dapo;
     struct survive *survive; /* trainer.survive_trainer_loss (NULL: off) */
-    bool steal;              /* placement.colocated_steal */
-    bool per_host;           /* stealing among each host's engines only, lock-free (a rank may be lost) */
 };
 
 /* Whether the update packs a group's prompt once (the trainer's rule: the key, on the CPU). */
@@ -498,17 +496,28 @@ static void validate(void *ctx, uint64_t seed, struct metrics *m)
     free(out), free(in), free(cnts), free(mine);
 }
 
+/* The work-unit ledger over the trainers (collective). Where a rank may be lost (c->survive) it is each host's own,
+ * lock-free (units.h): the shared one lives in MPI one-sided memory under a lock, and Open MPI 5 says its one-sided
+ * components are untested after a failure (it warns so at start under --with-ft ulfm): a survivor was seen inside
+ * that lock for good while the others re-formed (ft-survive-net, docs/operations.md), and a rank lost inside it
+ * would hold it for ever. */
+static struct units_ledger *make_ledger(const struct colocated *c)
+{
+    const struct role_env *env = c->env;
+    return units_ledger_create(env->trainers, env->at.engines, c->units, env->cfg->placement_colocated_steal,
+                               c->survive != NULL, env->at.engine, c->head);
+}
+
 /* Once the trainer exists (model loaded, any checkpoint resumed): the ledger, the generation model and context. */
 static int colocated_setup(struct colocated *c, char *err, size_t errlen)
 {
     const struct role_env *env = c->env;
     const struct grpo_config *cfg = env->cfg;
     c->units = units_per_step(cfg, env->at.engines);
-    c->ledger =
-        units_ledger_create(env->trainers, env->at.engines, c->units, c->steal, c->per_host, env->at.engine, c->head);
+    c->ledger = make_ledger(c);
     if (!c->ledger)
         return error_set(err, errlen, "the work-unit ledger needs %s",
-                         c->per_host ? "MPI shared memory on each host" : "MPI one-sided memory on the world");
+                         c->survive ? "MPI shared memory on each host" : "MPI one-sided memory on the world");
     if (gen_model_setup(c, err, errlen) != 0)
         return -1;
     c->rc = *trainer_rollout_ctx(c->t);
@@ -543,10 +552,10 @@ static int colocated_setup(struct colocated *c, char *err, size_t errlen)
                  "%d work unit(s) per generation round%s; %s",
                  env->world_size, env->at.dp_size, sp, env->at.tp_size, env->at.pp_size, env->at.engines,
                  env->world_size / env->at.engines, c->units,
-                 !c->steal     ? ""
-                 : c->per_host ? ", an idle engine takes the unstarted units of its host's slowest one (a lock-free "
-                                 "ledger in each host's shared memory: a rank may be lost)"
-                               : ", an idle engine takes the slowest one's unstarted units",
+                 !cfg->placement_colocated_steal ? ""
+                 : c->survive ? ", an idle engine takes the unstarted units of its host's slowest one (a lock-free "
+                                "ledger in each host's shared memory: a rank may be lost)"
+                              : ", an idle engine takes the slowest one's unstarted units",
                  c->gen ? "the weights are resharded into the generation layout each step"
                         : "generation uses the training weights in place");
     return 0;
@@ -569,8 +578,7 @@ static void colocated_reform(void *ud, const struct survive_loss *loss)
     control_set_layout(env->ctl, env->at.dp, env->at.dp_size);
     c->units = units_per_step(env->cfg, env->at.engines);
     c->head = env->at.engine_tp == 0;
-    c->ledger =
-        units_ledger_create(env->trainers, env->at.engines, c->units, c->steal, c->per_host, env->at.engine, c->head);
+    c->ledger = make_ledger(c);
     if (!c->ledger)
         check_failf(__FILE__, __LINE__, "the survivors' work-unit ledger: no shared memory on this host");
     char err[1024];
@@ -605,12 +613,6 @@ static int run_colocated(struct role_env *env)
         .ctx = &c, .next_batch = next_batch, .generates = true, .validate = validate, .metrics = colocated_metrics};
     if (env->cfg->trainer_survive_trainer_loss) /* launch checked the layout (survive_check) */
         c.survive = survive_create(env, colocated_reform, &c);
-    /* The stealing ledger of a run that may lose a rank is each host's own, lock-free (units.h): the shared one lives
-     * in MPI one-sided memory under a lock, and Open MPI 5 says its one-sided components are untested after a failure
-     * (it warns so at start under --with-ft ulfm): a survivor was seen inside that lock for good while the others
-     * re-formed (ft-survive-net, docs/operations.md), and a rank lost inside it would hold it for ever. */
-    c.steal = env->cfg->placement_colocated_steal;
-    c.per_host = c.survive != NULL;
     int status = run_trainer_process(env, &lay, &src, colocated_ready, &c);
     if (env->rank == 0 && c.stolen_total)
         log_info("hybrid", "%lld work unit(s) were made by another engine than their own", (long long)c.stolen_total);

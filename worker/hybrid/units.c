@@ -172,12 +172,14 @@ struct units_ledger *units_ledger_create(struct comm *all, int engines, int unit
     struct units_ledger *l = xcalloc(1, sizeof *l);
     *l = (struct units_ledger){.engines = engines, .units = units, .steal = steal};
     l->v = xcalloc((size_t)units_table_len(engines), sizeof *l->v);
-    /* without stealing nobody else touches an engine's units: no table */
+    if (!steal) /* nobody else touches an engine's units: no table */
+        return l;
     if (per_host && units > (int)INDEX_MASK)
         check_failf(__FILE__, __LINE__, "%d work units a round: the per-host ledger holds at most %d", units,
                     (int)INDEX_MASK);
-    if (steal && per_host ? per_host_setup(l, all, engine, head) != 0
-                          : steal && !(l->table = comm_table_create(all, (size_t)units_table_len(engines)))) {
+    const bool made = per_host ? per_host_setup(l, all, engine, head) == 0
+                               : (l->table = comm_table_create(all, (size_t)units_table_len(engines))) != NULL;
+    if (!made) {
         units_ledger_free(l);
         return NULL;
     }
