@@ -875,6 +875,21 @@ static void build_heartbeat(struct control *c, Grpo__Heartbeat *hb, Grpo__PhaseT
     c->nspans = 0; /* sent once; a lost heartbeat loses only a stretch of the timeline */
 }
 
+/* Send hb, stamped with the worker's own count and clock of its heartbeats (after a silence grpod tells a worker
+ * that stalled, sent nothing, from heartbeats held up on the way, sent and never heard) and the tries just before
+ * it that had no answer. On the heartbeat thread, the only user of c->rpc. */
+static enum rpc_result send_heartbeat(struct control *c, Grpo__Heartbeat *hb, uint32_t unanswered, int timeout_ms,
+                                      Grpo__Envelope **reply, char *err, size_t errlen)
+{
+    hb->seq = ++c->hb_seq;
+    hb->sent_s = clock_now_s();
+    hb->unanswered = unanswered;
+    Grpo__Envelope env = GRPO__ENVELOPE__INIT;
+    env.body_case = GRPO__ENVELOPE__BODY_HEARTBEAT;
+    env.heartbeat = hb;
+    return rpc_call(c->rpc, &env, timeout_ms, reply, err, errlen);
+}
+
 /* grpod told this worker to end (a trainer its job depends on is lost): one last heartbeat says so, as stopped
  * and why, so that grpod's record holds this rank's end, not its loss found later by its silence. Its own line
  * may never be read: Open MPI 4.1's mpirun, once it lost a host's daemon, was seen to leave its ranks' last lines
@@ -888,13 +903,9 @@ static void tell_ending(struct control *c, const char *why)
     Grpo__Metric m[MAX_METRICS], *mp[MAX_METRICS];
     Grpo__PhaseSpan ps[MAX_SPANS], *psp[MAX_SPANS];
     build_heartbeat(c, &hb, pt, ptp, m, mp, ps, psp);
-    hb.seq = ++c->hb_seq;
-    hb.sent_s = clock_now_s();
-    Grpo__Envelope env = GRPO__ENVELOPE__INIT, *reply = NULL;
-    env.body_case = GRPO__ENVELOPE__BODY_HEARTBEAT;
-    env.heartbeat = &hb;
+    Grpo__Envelope *reply = NULL;
     char err[512];
-    if (rpc_call(c->rpc, &env, 1000, &reply, err, sizeof err) != RPC_OK)
+    if (send_heartbeat(c, &hb, 0, 1000, &reply, err, sizeof err) != RPC_OK)
         log_warn("control", "grpod did not hear that this worker ends: %s", err);
     protocol_free(reply);
 }
@@ -1140,16 +1151,9 @@ static void *heartbeat_thread(void *arg)
         struct flight_parts fp;
         flight_parts_fill(&fp, &hb, c->rank, trace_want, trace_done, stacks_want, stacks_done);
 
-        /* the worker's own count and clock of its heartbeats: after a silence grpod tells a worker that stalled
-         * (nothing sent) from heartbeats held up on the way (sent, never heard) */
-        hb.seq = ++c->hb_seq;
-        hb.sent_s = clock_now_s();
-        hb.unanswered = unanswered;
-        Grpo__Envelope env = GRPO__ENVELOPE__INIT, *reply = NULL;
-        env.body_case = GRPO__ENVELOPE__BODY_HEARTBEAT;
-        env.heartbeat = &hb;
+        Grpo__Envelope *reply = NULL;
         char err[512];
-        enum rpc_result r = rpc_call(c->rpc, &env, timeout_ms, &reply, err, sizeof err);
+        enum rpc_result r = send_heartbeat(c, &hb, unanswered, timeout_ms, &reply, err, sizeof err);
         bool need_reregister = false;
         unanswered = r == RPC_OK ? 0 : unanswered + 1;
         flight_parts_free(&fp);
