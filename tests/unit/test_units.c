@@ -102,36 +102,38 @@ static void test_every_unit_once(void **state)
     }
 }
 
+/* units_word_take on *w for the round key over [lo, hi): the unit, *w moved on; -1 (w unchanged) when none */
+static int take_from(uint64_t *w, int64_t key, int lo, int hi, bool from_back)
+{
+    uint64_t next;
+    int u;
+    if (!units_word_take(*w, key, lo, hi, from_back, &next, &u))
+        return -1;
+    *w = next;
+    return u;
+}
+
 /* The per-host word: the owner from the front, a thief from the back; a word of another round, or fresh zeros, is
  * the engine's whole range; nothing left, nothing taken. */
 static void test_word_rule(void **state)
 {
     (void)state;
-    uint64_t w = 0, next;
-    int u;
+    uint64_t w = 0;
     assert_int_equal(units_word_left(w, 7, 4, 8), 4); /* fresh memory: the range, not started */
-    assert_true(units_word_take(w, 7, 4, 8, false, &next, &u));
-    assert_int_equal(u, 4);
-    w = next;
-    assert_true(units_word_take(w, 7, 4, 8, true, &next, &u));
-    assert_int_equal(u, 7);
-    w = next;
+    assert_int_equal(take_from(&w, 7, 4, 8, false), 4);
+    assert_int_equal(take_from(&w, 7, 4, 8, true), 7);
     assert_int_equal(units_word_left(w, 7, 4, 8), 2);
-    assert_true(units_word_take(w, 7, 4, 8, false, &next, &u));
-    assert_int_equal(u, 5);
-    w = next;
-    assert_true(units_word_take(w, 7, 4, 8, true, &next, &u));
-    assert_int_equal(u, 6);
-    w = next;
-    assert_false(units_word_take(w, 7, 4, 8, false, &next, &u));
-    assert_false(units_word_take(w, 7, 4, 8, true, &next, &u));
+    assert_int_equal(take_from(&w, 7, 4, 8, false), 5);
+    assert_int_equal(take_from(&w, 7, 4, 8, true), 6);
+    assert_int_equal(take_from(&w, 7, 4, 8, false), -1);
+    assert_int_equal(take_from(&w, 7, 4, 8, true), -1);
     assert_int_equal(units_word_left(w, 7, 4, 8), 0);
     /* the next round sees the old word as its whole range */
     assert_int_equal(units_word_left(w, 8, 4, 8), 4);
-    assert_true(units_word_take(w, 8, 4, 8, false, &next, &u));
-    assert_int_equal(u, 4);
+    assert_int_equal(take_from(&w, 8, 4, 8, false), 4);
     /* an empty range is empty in any round */
-    assert_false(units_word_take(0, 9, 3, 3, false, &next, &u));
+    w = 0;
+    assert_int_equal(take_from(&w, 9, 3, 3, false), -1);
 }
 
 /* Engines take only from their own host's: engine 0 (host {0, 1}) steals from 1, never from 2 or 3. */
