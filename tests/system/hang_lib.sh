@@ -25,6 +25,17 @@ hang() {
 verdict() {
     "$GRPOCTL" diagnose --json >"$TMP/diag.json" 2>/dev/null && [ "$(jq -r '.[0].kind' "$TMP/diag.json")" = "$1" ]
 }
+# saw_verdict KIND: verdict KIND comes within 60 s (scaled); when it does not, what grpoctl diagnose found instead and
+# where each rank was (its phase and open wait), for the log
+saw_verdict() {
+    wait_for 60 verdict "$1" && return 0
+    echo "     | no $1 verdict; grpoctl diagnose --json found:"
+    jq -c '.[]' "$TMP/diag.json" 2>&1 | sed 's/^/     |   /'
+    echo "     | and the ranks (grpoctl status --json):"
+    "$GRPOCTL" status --json 2>&1 | jq -c '.workers[] | {rank, role, state, step, phase, current_wait}' 2>&1 |
+        sed 's/^/     |   /'
+    return 1
+}
 # seconds_out: the text on stdin with its seconds as "N s" (they grow between two looks at a hang)
 seconds_out() { sed -E 's/[0-9]+ s\b/N s/g'; }
 # same_on_page: the first finding of $TMP/diag.json is the first on the status page's /api/status, and the first

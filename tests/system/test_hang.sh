@@ -26,7 +26,7 @@ HOST="$(hostname)"
 hang laggard test.block_at=update_actor test.block_rank=1 test.block_step=2
 wait_for 120 has "$TMP/laggard.log" "test.block_at: rank 1 blocks here for ever (step 2)"
 expect "laggard: rank 1 blocks in the update of step 2" $?
-wait_for 60 verdict hang_laggard
+saw_verdict hang_laggard
 expect "laggard: grpoctl diagnose's first finding is hang_laggard" $?
 text="$(jq -r '.[0].text' "$TMP/diag.json")"
 echo "     | $text"
@@ -50,7 +50,7 @@ stop_grpod
 hang io test.block_at=checkpoint_write test.block_rank=0 test.block_step=2 trainer.save_freq=2
 wait_for 120 has "$TMP/io.log" "test.block_at: rank 0 blocks here for ever (step 2)"
 expect "io: rank 0 blocks in the checkpoint write of step 2" $?
-wait_for 60 verdict hang_io
+saw_verdict hang_io
 expect "io: grpoctl diagnose's first finding is hang_io" $?
 text="$(jq -r '.[0].text' "$TMP/diag.json")"
 echo "     | $text"
@@ -65,7 +65,7 @@ stop_grpod
 hang unregistered test.block_at=register test.block_rank=1
 wait_for 120 has "$TMP/unregistered.log" "test.block_at: rank 1 blocks here for ever (step 0)"
 expect "unregistered: rank 1 blocks before registering" $?
-wait_for 60 verdict hang_unregistered
+saw_verdict hang_unregistered
 expect "unregistered: grpoctl diagnose's first finding is hang_unregistered" $?
 text="$(jq -r '.[0].text' "$TMP/diag.json")"
 echo "     | $text"
@@ -82,7 +82,7 @@ LAYOUT="placement.trainer_ranks=1 placement.rollout_ranks=1" hang grant test.blo
     test.block_rank=0 test.block_step=2
 wait_for 120 has "$TMP/grant.log" "test.block_at: rank 0 blocks here for ever (step 2)"
 expect "grant: the trainer blocks in the update of step 2" $?
-wait_for 60 verdict hang_grant
+saw_verdict hang_grant
 expect "grant: grpoctl diagnose's first finding is hang_grant" $?
 text="$(jq -r '.[0].text' "$TMP/diag.json")"
 echo "     | $text"

@@ -59,7 +59,7 @@ ended() {
 hang mismatch test.block_at=dp_barrier test.block_rank=1 test.block_step=2 actor_rollout_ref.nccl_timeout=0 "${WATCH[@]}"
 wait_for 120 has "$TMP/mismatch.log" "test.block_at: rank 1 enters a barrier of its DP group that no other rank enters (step 2)"
 expect "mismatch: rank 1 enters a barrier of dp entering the update of step 2" $?
-wait_for 60 verdict hang_mismatch
+saw_verdict hang_mismatch
 expect "mismatch: grpoctl diagnose's first finding is hang_mismatch" $?
 text="$(jq -r '.[0].text' "$TMP/diag.json")"
 echo "     | $text"
@@ -83,7 +83,7 @@ ended mismatch
 hang across test.block_at=trainers_barrier test.block_rank=1 test.block_step=2 "${WATCH[@]}"
 wait_for 120 has "$TMP/across.log" "test.block_at: rank 1 enters a barrier of the trainers' group that no other rank enters (step 2)"
 expect "across: rank 1 enters a barrier of the trainers' group entering the update of step 2" $?
-wait_for 60 verdict hang_mismatch
+saw_verdict hang_mismatch
 expect "across: grpoctl diagnose's first finding is hang_mismatch" $?
 text="$(jq -r '.[0].text' "$TMP/diag.json")"
 echo "     | $text"
@@ -107,7 +107,7 @@ expect "stuck: rank 1 freezes inside a collective of dp in the update of step 2"
 frozen="$(grep -m1 -o 'freezes for ever inside .* of dp (ranks 0-1)' "$TMP/stuck.log" | sed -E 's/^freezes for ever inside (.*) of dp \(ranks 0-1\)$/\1/')"
 has "$TMP/stuck.log" "test.block_at: rank 1 freezes inside the update's first collective of its DP group (step 2)"
 expect "stuck: ... the update's first collective of dp, of step 2 ($frozen)" $?
-wait_for 60 verdict hang_stuck
+saw_verdict hang_stuck
 expect "stuck: grpoctl diagnose's first finding is hang_stuck" $?
 text="$(jq -r '.[0].text' "$TMP/diag.json")"
 echo "     | $text"
