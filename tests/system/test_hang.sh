@@ -7,8 +7,8 @@
 #  - I/O: rank 0 blocks inside the checkpoint write of step 2; the verdict names rank 0, the write, its step and its
 #    path;
 #  - never registered: rank 1 blocks before registering; the verdict names rank 1 and its host;
-#  - grant starvation: in a split run (1 trainer, 1 rollout rank) the trainer blocks in its update; the verdict names
-#    the rollout rank waiting for a work grant and where the trainer is;
+#  - grant starvation: in a split run (1 trainer, 1 rollout rank) the trainer blocks in its update of step 3; the
+#    verdict names the rollout rank waiting for a work grant and where the trainer is;
 #  - the watchdog with trainer.hang_action=stop under grpod: the job ends non-zero and grpod's run fails with the
 #    watchdog's verdict as rank 0's reason.
 # Each verdict is the first finding of grpoctl diagnose (text and --json) and of the status page's /api/status, and
@@ -76,12 +76,14 @@ expect "unregistered: the status page's /api/status and grpoctl diagnose's text 
 kill_tree "$MPI_PID"
 stop_grpod
 
-# ---- grant starvation: a split run (1 trainer, 1 rollout rank), the trainer blocked in the update of step 2: the
-# rollout rank's ask for its next unit is never granted
+# ---- grant starvation: a split run (1 trainer, 1 rollout rank), the trainer blocked in the update of step 3: the
+# rollout rank's ask for its next unit is never granted. (Step 3, not 2: grpod counts a wait as a hang once it is
+# longer than 3 steps of the last step's time, and a split run's step 1 includes the rollout rank's start-up, which
+# on a loaded machine under the sanitizers can be long.)
 LAYOUT="placement.trainer_ranks=1 placement.rollout_ranks=1" hang grant test.block_at=update_actor \
-    test.block_rank=0 test.block_step=2
-wait_for 120 has "$TMP/grant.log" "test.block_at: rank 0 blocks here for ever (step 2)"
-expect "grant: the trainer blocks in the update of step 2" $?
+    test.block_rank=0 test.block_step=3
+wait_for 120 has "$TMP/grant.log" "test.block_at: rank 0 blocks here for ever (step 3)"
+expect "grant: the trainer blocks in the update of step 3" $?
 saw_verdict hang_grant
 expect "grant: grpoctl diagnose's first finding is hang_grant" $?
 text="$(jq -r '.[0].text' "$TMP/diag.json")"

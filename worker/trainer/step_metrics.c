@@ -88,6 +88,10 @@ static void timing_metrics(struct metrics *m, const struct step_result *r)
         metrics_set(m, name, r->phase_s[p]);
     }
     metrics_set(m, "timing_s/step", r->step_s);
+    if (r->dp || r->source.split)
+        metrics_set(m, "timing_s/grad_allreduce", r->update.stats.allreduce_s);
+    if (r->survive)
+        metrics_set(m, "timing_s/keep_step_start", r->keep_s);
 }
 
 /* Rollouts from rollout ranks: the trainer's waiting for them, the traffic between the trainers (the rollout ranks'
@@ -97,7 +101,6 @@ static void split_metrics(struct metrics *m, const struct step_result *r)
     const struct step_timing *tm = &r->source;
     const struct step_update *u = &r->update;
     metrics_set(m, "timing_s/wait_data", tm->wait_data);
-    metrics_set(m, "timing_s/grad_allreduce", u->stats.allreduce_s);
     metrics_set(m, "perf/comm_bytes/dp", u->dp_bytes);
     if (r->tp) /* activations and their gradients over TP (this rank's, float32) */
         metrics_set(m, "perf/comm_bytes/tp", u->tp_bytes);

@@ -106,6 +106,9 @@ struct step_result {
     bool tp, pp;                      /* the trainer runs tensor-, pipeline-parallel */
     bool ep;                          /* expert-parallel */
     bool cp;                          /* sequences shared over an SP or CP group */
+    bool dp;                          /* more than one DP rank (the gradients all-reduced) */
+    bool survive;                     /* trainer.survive_trainer_loss: each step's start kept */
+    double keep_s;                    /* keeping it (in step_s) */
     int devices;                      /* ranks of the run (throughput per device) */
     double peak_flops;                /* the MFU denominator (0: not known, no MFU) */
 };

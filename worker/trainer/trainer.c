@@ -449,11 +449,17 @@ int trainer_run(struct trainer *t)
                     break;
                 }
             }
+            const bool spare = t->lay.spare;
+            const double b0 = clock_now_s();
             if (t->rec.step_begin(t->rec.ctx, t->st.global_step + 1) != 0)
                 break;                                                           /* a spare released at the run's end */
             validator = t->lay.dp_rank / t->lay.ep_size == 0 || t->src.validate; /* a lost lead's: the new one */
+            /* the step's time includes keeping its start (the key's cost a step), not a spare's wait to join */
+            t->keep_s = spare ? 0 : clock_now_s() - b0;
+            t->iter_t0 = spare ? clock_now_s() : b0;
+        } else {
+            t->iter_t0 = clock_now_s();
         }
-        t->iter_t0 = clock_now_s();
         t->wait_t0 = comm_wait_seconds();
         int act = t->st.global_step % push == 0 ? decide(t) : TRAINER_CONTINUE;
         /* a stop checkpoints too, unless this step is already saved */

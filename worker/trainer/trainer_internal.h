@@ -66,6 +66,7 @@ struct trainer {
     struct trainer_source src; /* where each step's rollouts come from */
     char resumed_from[4096];   /* the checkpoint directory this run resumed from ("": none) */
     double iter_t0;            /* start of this loop iteration: the step time includes the safe point's work */
+    double keep_s;             /* trainer.survive_trainer_loss: keeping this step's start (0 without the key) */
     double wait_t0;            /* comm_wait_seconds() then: the step's time in collectives */
     struct kmem_stats gen_mem; /* the policy context's peaks in the step's generation (gen_mem_set) */
     bool gen_mem_set;

@@ -894,6 +894,9 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
                             .ep = t->lay.ep != NULL,
                             .cp = t->policy->sh.sp != NULL,
                             .devices = t->lay.devices,
+                            .dp = t->lay.dp_size > 1,
+                            .survive = t->rec.point != NULL,
+                            .keep_s = t->keep_s,
                             .peak_flops = t->peak_flops};
     r.phase_s[GRPO__PHASE__PHASE_GEN] = tm->gen;
     r.phase_s[GRPO__PHASE__PHASE_REWARD] = tm->reward;
