@@ -14,6 +14,8 @@
 #   bench/run_survive_bench.sh                         # HIDDEN=256 LAYERS=4 STEPS=6 ROUNDS=3
 #   HIDDEN=512 LAYERS=8 bench/run_survive_bench.sh
 #   SPARE=1 bench/run_survive_bench.sh                 # the rounds with an idle spare too
+#   DEMO=1 bench/run_survive_bench.sh                  # the demo model (134.5 M parameters) on 2 colocated ranks,
+#                                                      # 4 prompts x 2 responses of up to 32 tokens (rank 1 killed)
 #   SPLIT=1 bench/run_survive_bench.sh                 # a split run: 3 trainers and 1 rollout rank (the key makes
 #                                                      # the rollout rank send whole units to the lead, which hands
 #                                                      # them out); the killed run loses trainer rank 1 in step 3's
@@ -42,8 +44,16 @@ json.dump(c, open(sys.argv[2], "w"), indent=1)
 PY
 "$B/worker/grpo-model" init "$OUT/config.json" "$OUT/model" --tokenizer-from "$TOK" --seed 11 --std 0.02 \
     >"$OUT/init.log" 2>&1
+MODEL="$OUT/model" SIZE="6 prompts x 4 responses" MODEL_TEXT="random Llama $HIDDEN x $LAYERS"
 keys() { # NAME
-    echo actor_rollout_ref.model.path="$OUT/model" trainer.project_name=p trainer.experiment_name=e \
+    if [ "${DEMO:-0}" = 1 ]; then
+        echo actor_rollout_ref.model.path="$MODEL" trainer.project_name=p trainer.experiment_name=e \
+            trainer.total_training_steps="$STEPS" trainer.val_before_train=false trainer.test_freq=-1 \
+            trainer.save_freq=-1 data.train_batch_size=4 actor_rollout_ref.rollout.n=2 data.max_response_length=32 \
+            data.synthetic.num_val=8 trainer.nnodes=1 trainer.n_gpus_per_node=2 trainer.default_local_dir="$OUT/$1"
+        return
+    fi
+    echo actor_rollout_ref.model.path="$MODEL" trainer.project_name=p trainer.experiment_name=e \
         trainer.total_training_steps="$STEPS" trainer.val_before_train=false trainer.test_freq=-1 \
         trainer.save_freq=-1 data.train_batch_size=6 actor_rollout_ref.rollout.n=4 \
         actor_rollout_ref.actor.ppo_mini_batch_size=3 data.max_response_length=16 \
@@ -53,6 +63,11 @@ keys() { # NAME
 }
 MPI_EXTRA=()
 LAYOUT=() BASE_NP=3 KILL=gen:3:2 LAYOUT_TEXT="3 colocated ranks (plain DP)"
+if [ "${DEMO:-0}" = 1 ]; then # the bundled model, its own tokenizer; 2 colocated ranks, rank 1 killed
+    . scripts/blas_env.sh
+    MODEL="$(bench/demo_model_hf.sh)" SIZE="4 prompts x 2 responses" MODEL_TEXT="the demo model"
+    BASE_NP=2 KILL=gen:3:1 LAYOUT_TEXT="2 colocated ranks (plain DP)"
+fi
 if [ "${SPLIT:-0}" = 1 ]; then # the 3 trainers and a rollout rank; a trainer's kill point is in its update
     LAYOUT=(placement.trainer_ranks=3 placement.rollout_ranks=1) BASE_NP=4 KILL=allreduce:3:1
     LAYOUT_TEXT="a split run of 3 trainer ranks (plain DP) and 1 rollout rank"
@@ -108,10 +123,11 @@ if [ "${SPARE:-0}" = 1 ]; then
     NP=4 killed killed-spare trainer.survive_spare_ranks=1
     t0s="$T0"
 fi
-python3 - "$OUT" "$t0" "$HIDDEN" "$LAYERS" "$STEPS" "${off[*]}" "${on[*]}" "${spare[*]}" "$t0s" "$LAYOUT_TEXT" \
-    "$KILL" <<'PY' | tee "$OUT/summary.md"
+python3 - "$OUT" "$t0" "$MODEL_TEXT" "$SIZE" "$STEPS" "${off[*]}" "${on[*]}" "${spare[*]}" "$t0s" "$LAYOUT_TEXT" \
+    "$KILL" "$([ "${SPLIT:-0}" = 1 ] && echo 3 || echo "$BASE_NP")" <<'PY' | tee "$OUT/summary.md"
 import datetime, json, re, sys
-out, t0, hidden, layers, steps = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+out, t0, model, size, steps = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+dp = int(sys.argv[12])
 off, on = [float(x) for x in sys.argv[6].split()], [float(x) for x in sys.argv[7].split()]
 params = re.search(r"(\d+) parameters", open(f"{out}/off1.log", errors="replace").read()).group(1)
 log = open(f"{out}/killed.log", errors="replace").read()
@@ -119,8 +135,7 @@ line = [l for l in log.splitlines() if "survive: step 3 (redone) completed" in l
 t = datetime.datetime.strptime(line[:23], "%Y-%m-%dT%H:%M:%S.%f").replace(tzinfo=datetime.timezone.utc)
 m = {r["step"]: r for r in map(json.loads, open(f"{out}/killed/p/e/metrics.jsonl"))}
 mean = lambda v: sum(v) / len(v)
-print(f"{sys.argv[10]}, random Llama {hidden} x {layers} ({params} parameters), {steps} steps, "
-      f"6 prompts x 4 responses a step")
+print(f"{sys.argv[10]}, {model} ({params} parameters), {steps} steps, {size} a step")
 print()
 print("| key | timing_s/step, mean of steps 2.. per run | mean |")
 print("|---|---|---|")
@@ -131,13 +146,13 @@ if spare:
     print(f"| on, and a spare rank waiting (4 ranks) | {' '.join(f'{x:.3f}' for x in spare)} | {mean(spare):.3f} |")
 print()
 print(f"on / off: {mean(on) / mean(off):.3f}" + (f"; spare / on: {mean(spare) / mean(on):.3f}" if spare else ""))
-kept = [l for l in open(f"{out}/on1.log", errors="replace") if "start kept in" in l]
+kept = [l for l in open(f"{out}/on1.log", errors="replace") if "start kept" in l or "copies of the state" in l]
 if kept:
     print()
-    print("the copy the key adds to each step (rank 0, on1): " + kept[0].split("survive: ")[1].strip())
+    print("the copy the key adds to each step (rank 0, on1): " + "; ".join(k.split("survive: ")[1].strip() for k in kept))
 print()
 print(f"{sys.argv[11]} (GRPO_TEST_KILL_AT) killed: the kill to the redone step's end {t.timestamp() - t0:.2f} s; rank 0: "
-      f"{line.split('survive: ')[1]}; step 2 took {m[2]['timing_s/step']:.2f} s (3 ranks), step 3 (redone, 2 ranks) "
+      f"{line.split('survive: ')[1]}; step 2 took {m[2]['timing_s/step']:.2f} s ({dp} DP ranks), step 3 (redone, {dp - 1}) "
       f"{m[3]['timing_s/step']:.2f} s from its restart")
 if sys.argv[9]:
     log = open(f"{out}/killed-spare.log", errors="replace").read()

@@ -2,7 +2,8 @@
 # Trainer-loss survival (trainer.survive_trainer_loss; docs/operations.md, "Open MPI 5 with fault tolerance (ULFM)")
 # on 3 colocated plain-DP ranks of this build (against Open MPI 5) under scripts/mpirun_ft:
 #  - undisturbed with the key on: the weights after 5 steps equal one process's within 1e-5; each step's metrics
-#    say the time keeping its start took (timing_s/keep_step_start, part of timing_s/step);
+#    say the time keeping its start took at the step's start (timing_s/keep_step_start, part of timing_s/step), and
+#    rank 0 that the copy is made by each step's first optimizer step;
 #  - rank 2 SIGKILLed at step 3, its generation done (its peers waiting for it: GRPO_TEST_KILL_AT=gen:3:2, a hold
 #    the test waits on, not a sleep), and rank 1 SIGKILLed in step 2's gradient all-reduce (its buckets started,
 #    its peers waiting on them: allreduce:2:1): the run finishes (mpirun exits 0), rank 0 says "rank R lost at step
@@ -36,16 +37,19 @@ says "$TMP/whole.log" "an idle engine takes the unstarted units of its host's sl
 expect "work stealing goes through each host's lock-free ledger, and rank 0 says so" $?
 out=$("$COMPARE" "$(final one)" "$(final whole)" 1e-5 2>&1)
 expect "undisturbed: weights equal one process's within 1e-5 ($out)" $?
-# the key's cost is in the step's time: keeping each step's start, and the gradients' all-reduce, in metrics.jsonl
+# the key's cost is in the step's time: keeping each step's start (here, on the CPU without ZeRO-1, a copy each step's
+# first optimizer step makes as it goes: next to nothing at the step's start), and the gradients' all-reduce
 out=$(python3 -c 'import json, sys
 rs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 assert len(rs) == int(sys.argv[2]), len(rs)
 for r in rs:
     k, s, a = r["timing_s/keep_step_start"], r["timing_s/step"], r["timing_s/grad_allreduce"]
-    assert 0 < k < s and 0 < a < s, r
+    assert 0 <= k < s and 0 < a < s, r
 print("step %d: kept in %.4f of %.3f s" % (rs[-1]["step"], rs[-1]["timing_s/keep_step_start"], rs[-1]["timing_s/step"]))' \
     "$TMP/whole/p/e/metrics.jsonl" "$STEPS" 2>&1)
 expect "undisturbed: each step's timing_s/keep_step_start and timing_s/grad_allreduce, within timing_s/step ($out)" $?
+says "$TMP/whole.log" "survive: step 1's start kept by its first optimizer step"
+expect "undisturbed: rank 0 says the first optimizer step keeps each step's start" $?
 
 # killed POINT STEP RANK: a run of 3 ranks whose rank RANK holds at POINT of step STEP and is SIGKILLed there
 killed() {

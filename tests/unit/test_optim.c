@@ -4,6 +4,8 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include <cmocka.h>
 
@@ -26,6 +28,52 @@ static void test_adamw_two_steps(void **state)
     assert_float_equal(p, 0.871467, 2e-6);
     assert_int_equal(o->t, 2);
     adamw_free(o);
+}
+
+/* An armed keep: the step copies the parameters and moments from before it (unaligned copies, a size that is no
+ * multiple of the chunk or of 4), is bit for bit the step without one, and disarms; the next step copies nothing. */
+static void test_adamw_keep(void **state)
+{
+    (void)state;
+    const size_t n = 3 * 16384 + 7;
+    struct adamw *a = adamw_create(n, 0.9, 0.999, 1e-8, 0.01), *b = adamw_create(n, 0.9, 0.999, 1e-8, 0.01);
+    float *pa = malloc(n * sizeof(float)), *pb = malloc(n * sizeof(float)), *g = malloc(n * sizeof(float));
+    float *kp = malloc((n + 1) * sizeof(float)), *km = malloc((n + 1) * sizeof(float));
+    float *kv = malloc((n + 1) * sizeof(float));
+    float *before = malloc(3 * n * sizeof(float));
+    assert_non_null(pa), assert_non_null(pb), assert_non_null(g), assert_non_null(before);
+    for (size_t i = 0; i < n; i++) {
+        pa[i] = pb[i] = sinf((float)i * 0.37f);
+        g[i] = cosf((float)i * 0.11f) * 0.3f;
+    }
+    for (int s = 0; s < 2; s++) { /* moments that are not zero */
+        adamw_step(a, pa, g, 0.01);
+        adamw_step(b, pb, g, 0.01);
+    }
+    for (size_t i = 0; i < n; i++)
+        g[i] = sinf((float)i * 0.05f) * 0.2f;
+    memcpy(before, pa, n * sizeof(float));
+    memcpy(before + n, a->m, n * sizeof(float));
+    memcpy(before + 2 * n, a->v, n * sizeof(float));
+    /* the copy into kp + 1, km + 1, kv + 1: 4-byte but not 16-byte aligned destinations */
+    struct adamw_keep k = {.p = kp + 1, .m = km + 1, .v = kv + 1, .armed = true};
+    a->keep = &k;
+    adamw_step(a, pa, g, 0.01);
+    adamw_step(b, pb, g, 0.01);
+    assert_true(k.kept);
+    assert_false(k.armed);
+    assert_null(a->keep);
+    assert_memory_equal(k.p, before, n * sizeof(float));
+    assert_memory_equal(k.m, before + n, n * sizeof(float));
+    assert_memory_equal(k.v, before + 2 * n, n * sizeof(float));
+    assert_memory_equal(pa, pb, n * sizeof(float));
+    assert_memory_equal(a->m, b->m, n * sizeof(float));
+    assert_memory_equal(a->v, b->v, n * sizeof(float));
+    assert_int_equal(a->t, b->t);
+    adamw_step(a, pa, g, 0.01); /* disarmed: the copy stays the one made */
+    assert_memory_equal(k.p, before, n * sizeof(float));
+    adamw_free(a), adamw_free(b);
+    free(pa), free(pb), free(g), free(kp), free(km), free(kv), free(before);
 }
 
 static void test_clip(void **state)
@@ -61,6 +109,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_adamw_two_steps),
+        cmocka_unit_test(test_adamw_keep),
         cmocka_unit_test(test_clip),
         cmocka_unit_test(test_schedules),
     };

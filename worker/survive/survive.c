@@ -361,9 +361,16 @@ static int step_begin(void *ud, int64_t k)
     s->step = k;
     if (!s->said_cost && s->env->rank == 0) { /* what the key costs a step, once */
         s->said_cost = true;
-        log_info("survive", "step %lld's start kept in %.3f s (%.1f MB: the weights, AdamW's moments%s; every step)",
-                 (long long)k, clock_now_s() - t0, (double)trainer_snapshot_bytes(s->snap[k % 2]) / 1e6,
-                 s->t && trainer_zero1(s->t) ? " (this rank's ZeRO-1 block, and a copy of the previous rank's)" : "");
+        if (trainer_snapshot_deferred(s->snap[k % 2]))
+            log_info("survive",
+                     "step %lld's start kept by its first optimizer step (%.1f MB: the weights and AdamW's moments, "
+                     "each chunk copied as the step reads it; every step)",
+                     (long long)k, (double)trainer_snapshot_bytes(s->snap[k % 2]) / 1e6);
+        else
+            log_info(
+                "survive", "step %lld's start kept in %.3f s (%.1f MB: the weights, AdamW's moments%s; every step)",
+                (long long)k, clock_now_s() - t0, (double)trainer_snapshot_bytes(s->snap[k % 2]) / 1e6,
+                s->t && trainer_zero1(s->t) ? " (this rank's ZeRO-1 block, and a copy of the previous rank's)" : "");
     }
     s->armed = true;
     return 0;
@@ -385,6 +392,8 @@ static void disarm(void *ud)
 static void step_done(void *ud, int64_t k)
 {
     struct survive *s = ud;
+    if (s->t && !s->spare && trainer_snapshot_step(s->snap[k % 2]) == k)
+        trainer_snapshot_settle(s->t, s->snap[k % 2]); /* whole now: a later loss may need it (its redo, or a peer's) */
     if (s->lost_at <= 0 || k < s->redo)
         return;
     if (s->env->rank == 0)
@@ -813,6 +822,13 @@ const float *survive_step_start(const struct survive *s, int64_t k, size_t *n)
 void survive_attach(struct survive *s, struct trainer *t)
 {
     s->t = t;
+    if (!s->spare) { /* the copies' memory, before the first step */
+        const double t0 = clock_now_s();
+        const size_t bytes = trainer_snapshot_reserve(t, s->snap[0]) + trainer_snapshot_reserve(t, s->snap[1]);
+        if (s->env->rank == 0)
+            log_info("survive", "memory for two copies of the state reserved: %.1f MB in %.2f s", (double)bytes / 1e6,
+                     clock_now_s() - t0);
+    }
     watch(s, trainer_dp_device_group(t)); /* on GPUs: a lost peer found in NCCL is survived too */
     watch_model_devices(s);
     const struct trainer_recovery r = {.ctx = s,

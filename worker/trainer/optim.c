@@ -1,7 +1,12 @@
 #include "optim.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
+#ifdef __SSE2__
+#include <immintrin.h>
+#endif
 
 #include "common/check.h"
 #include "kernels/kernels.h"
@@ -34,10 +39,41 @@ void adamw_free(struct adamw *o)
     free(o);
 }
 
+void adamw_copy_out(float *dst, const float *src, size_t n)
+{
+    size_t i = 0;
+#ifdef __SSE2__
+    /* streaming stores from the first 16-byte boundary of dst: the copy does not evict what the step reads */
+    for (; i < n && ((uintptr_t)(dst + i) & 15); i++)
+        dst[i] = src[i];
+    for (; i + 4 <= n; i += 4)
+        _mm_stream_ps(dst + i, _mm_loadu_ps(src + i));
+    _mm_sfence();
+#endif
+    memcpy(dst + i, src + i, (n - i) * sizeof(float));
+}
+
+/* AdamW is elementwise: the chunks' steps are the whole step's, bit for bit */
+#define KEEP_CHUNK 16384
+
 void adamw_step(struct adamw *o, float *p, const float *g, double lr)
 {
     o->t++;
-    k_adamw(o->K, p, g, o->m, o->v, o->n, lr, o->beta1, o->beta2, o->eps, o->weight_decay, o->t);
+    struct adamw_keep *k = o->keep;
+    if (!k || !k->armed || o->K->device != KDEV_CPU) {
+        k_adamw(o->K, p, g, o->m, o->v, o->n, lr, o->beta1, o->beta2, o->eps, o->weight_decay, o->t);
+        return;
+    }
+    for (size_t i = 0; i < o->n; i += KEEP_CHUNK) {
+        const size_t c = o->n - i < KEEP_CHUNK ? o->n - i : KEEP_CHUNK;
+        adamw_copy_out(k->p + i, p + i, c);
+        adamw_copy_out(k->m + i, o->m + i, c);
+        adamw_copy_out(k->v + i, o->v + i, c);
+        k_adamw(o->K, p + i, g + i, o->m + i, o->v + i, c, lr, o->beta1, o->beta2, o->eps, o->weight_decay, o->t);
+    }
+    k->armed = false;
+    k->kept = true;
+    o->keep = NULL;
 }
 
 double grad_global_norm(const float *g, size_t n)

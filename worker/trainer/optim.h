@@ -11,12 +11,22 @@
 
 struct kctx;
 
+/* A copy of the parameters and both moments as they are before the next step changes them, made by that step
+ * (trainer.survive_trainer_loss keeps each training step's start this way): chunk by chunk, each chunk copied just
+ * before it is updated, so the copy reads memory the update reads anyway (host memory only). */
+struct adamw_keep {
+    float *p, *m, *v; /* n floats each, where the copy goes */
+    bool armed;       /* the next step makes the copy */
+    bool kept;        /* it did: p, m and v hold the values from before it */
+};
+
 struct adamw {
     struct kctx *K; /* where the moments live and the step runs (kernels/kernels.h) */
     size_t n;
     float *m, *v; /* first and second moments (n) */
     int64_t t;    /* optimizer steps taken */
     double beta1, beta2, eps, weight_decay;
+    struct adamw_keep *keep; /* armed: the next step's copy (adamw_step clears it once made; NULL: none) */
 };
 
 /* On the CPU context. */
@@ -24,8 +34,10 @@ struct adamw *adamw_create(size_t n, double beta1, double beta2, double eps, dou
 /* On context K (the model's: params and grads given to adamw_step are K's memory). */
 struct adamw *adamw_create_on(struct kctx *K, size_t n, double beta1, double beta2, double eps, double weight_decay);
 void adamw_free(struct adamw *o);
-/* One step on params (n) with grads (n) at learning rate lr. */
+/* One step on params (n) with grads (n) at learning rate lr; with o->keep armed (host memory), the copy first. */
 void adamw_step(struct adamw *o, float *params, const float *grads, double lr);
+/* n floats from src to dst, dst written past the caches (the copy is read back only if a step is redone). */
+void adamw_copy_out(float *dst, const float *src, size_t n);
 
 /* Global L2 norm of grads (n), computed in double. */
 double grad_global_norm(const float *grads, size_t n);

@@ -217,7 +217,14 @@ bool trainer_zero1(const struct trainer *t);
  * moments copied to the next rank too). */
 struct trainer_snapshot;
 struct trainer_snapshot *trainer_snapshot_new(void);
+/* After the step whose start s is: s whole (made now if no optimizer step made it), and no longer armed. */
+void trainer_snapshot_settle(struct trainer *t, struct trainer_snapshot *s);
+/* Whether s waits for its step's first optimizer step to be made (host memory, no ZeRO-1: adamw_keep). */
+bool trainer_snapshot_deferred(const struct trainer_snapshot *s);
 void trainer_snapshot_take(struct trainer *t, struct trainer_snapshot *s);
+/* s's memory for t's state made and touched before the first step (the first touch is not a step's): its bytes (0:
+ * it was there already). */
+size_t trainer_snapshot_reserve(struct trainer *t, struct trainer_snapshot *s);
 /* Back to s: on the survivors of a loss (the trainer moved onto their groups first, trainer_reform), lost the DP
  * ranks lost, as numbered in s's layout. With ZeRO-1 the optimizer state is re-sharded over the current DP group
  * from every survivor's block and the lost ranks' copies (each rank keeps its previous DP rank's block: two
