@@ -24,7 +24,7 @@ static int cmp_double(const void *a, const void *b)
 int main(int argc, char **argv)
 {
     const size_t n = argc > 1 ? strtoull(argv[1], NULL, 10) : 134515008;
-    const int reps = argc > 2 ? atoi(argv[2]) : 7;
+    const int reps = argc > 2 ? (int)strtol(argv[2], NULL, 10) : 7;
     if (n == 0 || reps < 1 || reps > 100) {
         fprintf(stderr, "usage: keep_bench [N [REPS]] (N > 0, 1 <= REPS <= 100)\n");
         return 2;
@@ -34,6 +34,8 @@ int main(int argc, char **argv)
     float *kp = malloc(n * sizeof(float)), *km = malloc(n * sizeof(float)), *kv = malloc(n * sizeof(float));
     if (!o || !p || !g || !kp || !km || !kv) {
         fprintf(stderr, "keep_bench: out of memory for %zu floats (x 7)\n", n);
+        adamw_free(o);
+        free(p), free(g), free(kp), free(km), free(kv);
         return 1;
     }
     bench_fill(p, n, 1);

@@ -181,7 +181,7 @@ bool trainer_snapshot_deferred(const struct trainer_snapshot *s) { return s->kee
 
 void trainer_snapshot_settle(struct trainer *t, struct trainer_snapshot *s)
 {
-    if (t->opt && t->opt->keep == &s->keep)
+    if (t->opt->keep == &s->keep)
         t->opt->keep = NULL;
     if (!s->keep.armed)
         return;
