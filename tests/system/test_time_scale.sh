@@ -12,10 +12,21 @@ SCALE_PY="$SRC_ROOT/scripts/time_scale.py"
 f="$(python3 "$SCALE_PY" 2>/dev/null)"
 awk -v f="$f" 'BEGIN { exit !(f >= 1 && f <= 8) }'; expect "time_scale.py prints a factor between 1 and 8 ($f)" $?
 hogs=()
-for _ in $(seq $(( 2 * $(nproc) ))); do
+for _ in $(seq $(( 2 * $(getconf _NPROCESSORS_ONLN) ))); do # every core (nproc counts OMP_NUM_THREADS)
     sha256sum /dev/zero >/dev/null 2>&1 &
     hogs+=($!)
 done
+# each of them running (its program started, some CPU time used) before the measure: on a loaded machine their start
+# can take longer than the measure itself (CI once measured a quiet core here)
+hogs_busy() {
+    local p
+    for p in "${hogs[@]}"; do
+        grep -qx sha256sum "/proc/$p/comm" 2>/dev/null || return 1
+        [ "$(awk '{ print $14 + $15 }' "/proc/$p/stat" 2>/dev/null)" -ge 2 ] 2>/dev/null || return 1
+    done
+}
+wait_for 30 hogs_busy
+expect "the ${#hogs[@]} busy processes run" $?
 loaded="$(python3 "$SCALE_PY" -v 2>"$TMP/scale.err")"
 kill "${hogs[@]}" 2>/dev/null
 wait "${hogs[@]}" 2>/dev/null
