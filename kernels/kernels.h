@@ -143,6 +143,11 @@ struct kops {
      * host_alloc returns NULL when it cannot (activation offload's arena) */
     void *(*host_alloc)(struct kctx *K, size_t bytes);
     void (*host_free)(struct kctx *K, void *p);
+    /* a copy to host memory beside the context's work (k_to_host_behind below; NULL: a back-end whose copies are
+     * the host's own, k_to_host then) and the wait for those copies (host: the host waits too, else only the
+     * context's later work) */
+    void (*to_host_behind)(struct kctx *K, void *dst, const void *src, size_t bytes);
+    void (*behind_wait)(struct kctx *K, bool host);
 
     void (*rmsnorm_forward)(struct kctx *K, float *y, float *rstd, const float *x, const float *w, int N, int D,
                             float eps);
@@ -326,6 +331,24 @@ static inline void k_to_device(struct kctx *K, void *dst, const void *src, size_
 static inline void k_to_host(struct kctx *K, void *dst, const void *src, size_t bytes)
 {
     K->ops->to_host(K, dst, src, bytes);
+}
+/* bytes of K's memory at src, as it is once the work submitted to K so far has run, copied to host memory at dst
+ * beside K's later work (on a GPU: on a copy stream of its own, so the copy overlaps the compute that follows; best
+ * into K's pinned host memory, its ops' host_alloc). Until k_behind_wait(K, true) the host must not read dst; until
+ * k_behind_wait(K, false) or (true) K's work must not change src. Where the back-end has no such copies, k_to_host. */
+static inline void k_to_host_behind(struct kctx *K, void *dst, const void *src, size_t bytes)
+{
+    if (K->ops->to_host_behind)
+        K->ops->to_host_behind(K, dst, src, bytes);
+    else
+        K->ops->to_host(K, dst, src, bytes);
+}
+/* K's work submitted from now on runs after every k_to_host_behind copy made so far; host: and the host returns once
+ * they are done (their host memory may be read, or freed). */
+static inline void k_behind_wait(struct kctx *K, bool host)
+{
+    if (K->ops->behind_wait)
+        K->ops->behind_wait(K, host);
 }
 static inline void k_copy(struct kctx *K, void *dst, const void *src, size_t bytes)
 {

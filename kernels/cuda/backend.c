@@ -83,6 +83,11 @@ struct cuda_impl {
     int capture; /* k_graph_begin: 0 none, 1 the stream captures, 2 the capture failed (capture_failed says why) */
     char capture_failed[160];
     uint64_t epoch; /* k_graph_epoch */
+    /* k_to_host_behind: the copy stream (made at the first copy), the compute stream's point each copy follows, the
+     * last copy's end, and whether a copy went since the host last waited for them */
+    cudaStream_t behind;
+    cudaEvent_t behind_after, behind_done;
+    bool behind_pending;
 };
 
 struct kgraph {
@@ -307,6 +312,41 @@ static void cuda_to_host(struct kctx *K, void *dst, const void *src, size_t byte
     capture_fail(K, "a read of device memory on the host (to_host)");
     CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream(K)));
     CHECK_CUDA(cudaStreamSynchronize(stream(K)));
+}
+
+/* The copy follows the compute stream's work so far (an event it waits on) and runs on a stream of its own, a
+ * non-blocking one (the legacy stream's work does not wait for it): the compute that follows overlaps it. */
+static void cuda_to_host_behind(struct kctx *K, void *dst, const void *src, size_t bytes)
+{
+    if (!bytes)
+        return;
+    use(K);
+    capture_fail(K, "a copy to the host beside the stream (k_to_host_behind)");
+    struct cuda_impl *I = impl(K);
+    if (!I->behind) {
+        CHECK_CUDA(cudaStreamCreateWithFlags(&I->behind, cudaStreamNonBlocking));
+        CHECK_CUDA(cudaEventCreateWithFlags(&I->behind_after, cudaEventDisableTiming));
+        CHECK_CUDA(cudaEventCreateWithFlags(&I->behind_done, cudaEventDisableTiming));
+    }
+    CHECK_CUDA(cudaEventRecord(I->behind_after, stream(K)));
+    CHECK_CUDA(cudaStreamWaitEvent(I->behind, I->behind_after, 0));
+    CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, I->behind));
+    CHECK_CUDA(cudaEventRecord(I->behind_done, I->behind));
+    I->behind_pending = true;
+}
+
+static void cuda_behind_wait(struct kctx *K, bool host)
+{
+    struct cuda_impl *I = impl(K);
+    if (!I->behind_pending)
+        return;
+    use(K);
+    CHECK_CUDA(cudaStreamWaitEvent(stream(K), I->behind_done, 0));
+    if (!host)
+        return;
+    capture_fail(K, "a host wait for the copies beside the stream (k_behind_wait)");
+    CHECK_CUDA(cudaEventSynchronize(I->behind_done));
+    I->behind_pending = false;
 }
 
 static void cuda_copy(struct kctx *K, void *dst, const void *src, size_t bytes)
@@ -1324,6 +1364,8 @@ const struct kops kops_cuda = {
     .host_free = cuda_host_free,
     .to_device = cuda_to_device,
     .to_host = cuda_to_host,
+    .to_host_behind = cuda_to_host_behind,
+    .behind_wait = cuda_behind_wait,
     .copy = cuda_copy,
     .zero = cuda_zero,
     .copy_rows = cuda_copy_rows,
@@ -1465,6 +1507,12 @@ static void kops_cuda_close(struct kctx *K)
     dbuf_free(&I->moe);
     dbuf_free(&I->moe_dp);
     cudaFree(I->sumsq_result);
+    if (I->behind) { /* its copies done first: their host memory may be freed after */
+        cudaStreamSynchronize(I->behind);
+        cudaEventDestroy(I->behind_after);
+        cudaEventDestroy(I->behind_done);
+        cudaStreamDestroy(I->behind);
+    }
     cublasDestroy(blas(K));
     cudaStreamDestroy(stream(K));
     free(I->host_st);

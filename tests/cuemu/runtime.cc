@@ -265,6 +265,54 @@ struct cuemu_stream {
     std::string why;
 };
 
+// Copies to the host on a non-blocking stream wait (CUEMU_DEFER_COPIES, on unless "0") until something orders the
+// host or other work behind them: that stream's next work, a wait on an event of it (cudaStreamWaitEvent,
+// cudaEventSynchronize, cudaEventQuery), its cudaStreamSynchronize, cudaStreamQuery or destruction,
+// cudaDeviceSynchronize, a cudaFree. That is the latest a GPU may run them, so a copy whose source is changed
+// before such a wait (work that should have waited and did not) reads the changed values here, as it might there.
+namespace
+{
+std::mutex defer_lock;
+std::vector<std::pair<cudaStream_t, std::function<void()>>> deferred;
+
+bool defer_copies()
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("CUEMU_DEFER_COPIES");
+        on = !(e && strcmp(e, "0") == 0);
+    }
+    return on;
+}
+
+bool deferrable(cudaStream_t stream)
+{
+    return stream && stream != CUEMU_ALL_STREAMS && (stream->flags & cudaStreamNonBlocking) && defer_copies();
+}
+
+// the deferred copies of `only` (CUEMU_ALL_STREAMS: every stream's; NULL, the legacy stream, orders nothing behind
+// non-blocking streams), in the order they were made
+void run_deferred(cudaStream_t only)
+{
+    if (!only)
+        return;
+    for (;;) {
+        std::function<void()> w;
+        {
+            std::lock_guard<std::mutex> g(defer_lock);
+            auto it = std::find_if(deferred.begin(), deferred.end(), [only](const auto &d) {
+                return only == CUEMU_ALL_STREAMS || d.first == only;
+            });
+            if (it == deferred.end())
+                return;
+            w = std::move(it->second);
+            deferred.erase(it);
+        }
+        w();
+    }
+}
+} // namespace
+
 namespace
 {
 
@@ -851,6 +899,7 @@ cudaError_t launch(const void *fn, const char *name, dim3 grid, dim3 blk, size_t
         record(stream, name, [name, grid, blk, smem_bytes, b]() { run_kernel(name, grid, blk, smem_bytes, b); });
         return cudaSuccess;
     }
+    run_deferred(stream);
     cuemu_nccl_progress(true, stream, UINT64_MAX); // behind the stream's pending NCCL work
     work_count++;
     return run_kernel(name, grid, blk, smem_bytes, kernel_body);
@@ -865,9 +914,24 @@ cudaError_t submit(cudaStream_t stream, const char *what, std::function<void()> 
         record(stream, what, std::move(work));
         return cudaSuccess;
     }
+    run_deferred(stream);
     cuemu_nccl_progress(true, stream, UINT64_MAX); // behind the stream's pending NCCL work
     work_count++;
     work();
+    return cudaSuccess;
+}
+
+// a copy to the host: on a non-blocking stream deferred (run_deferred), elsewhere as submit
+cudaError_t submit_copy_to_host(cudaStream_t stream, const char *what, std::function<void()> work)
+{
+    enum route r;
+    if (cudaError_t e = route_of(stream, what, &r))
+        return e;
+    if (r == RECORD || !deferrable(stream))
+        return submit(stream, what, std::move(work));
+    work_count++;
+    std::lock_guard<std::mutex> g(defer_lock);
+    deferred.emplace_back(stream, std::move(work));
     return cudaSuccess;
 }
 
@@ -893,9 +957,17 @@ extern "C" unsigned cuemu_stream_flags(cudaStream_t stream) { return stream ? st
 namespace
 {
 // work on `stream` (NULL: the legacy default stream; CUEMU_ALL_STREAMS: the device) waits for what it orders behind
-void nccl_order(cudaStream_t stream) { cuemu_nccl_progress(true, stream, UINT64_MAX); }
-// cudaStreamQuery, cudaEventQuery: done, or progress made without waiting
-bool nccl_done(cudaStream_t stream, uint64_t mark) { return cuemu_nccl_progress(false, stream, mark); }
+void nccl_order(cudaStream_t stream)
+{
+    run_deferred(stream);
+    cuemu_nccl_progress(true, stream, UINT64_MAX);
+}
+// cudaStreamQuery, cudaEventQuery: done, or progress made without waiting (deferred copies run: they need no peer)
+bool nccl_done(cudaStream_t stream, uint64_t mark)
+{
+    run_deferred(stream);
+    return cuemu_nccl_progress(false, stream, mark);
+}
 } // namespace
 
 namespace
@@ -1166,10 +1238,13 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaM
     if (e)
         return e;
     // recorded by a capture, a copy from or to host memory reads or writes it when the graph runs
-    return cuemu::submit(stream, "cudaMemcpy", [dst, src, bytes]() {
+    auto work = [dst, src, bytes]() {
         cuemu::device_scope device;
         memmove(dst, src, bytes);
-    });
+    };
+    if (kind == cudaMemcpyDeviceToHost)
+        return cuemu::submit_copy_to_host(stream, "cudaMemcpy", work);
+    return cuemu::submit(stream, "cudaMemcpy", work);
 }
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind)
@@ -1269,8 +1344,10 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
         return fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: a NULL event");
     if (cudaError_t e = not_recorded(stream, "cudaStreamWaitEvent"))
         return e;
-    if (event->recorded) // the stream's later work runs at once: what the event marks must be done first
+    if (event->recorded) { // the stream's later work runs at once: what the event marks must be done first
+        run_deferred(event->stream);
         cuemu_nccl_progress(true, event->stream, event->mark);
+    }
     return cudaSuccess;
 }
 
@@ -1314,8 +1391,10 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event)
     STICKY();
     if (!event)
         return fail(cudaErrorInvalidResourceHandle, "cudaEventSynchronize: a NULL event");
-    if (event->recorded)
+    if (event->recorded) {
+        run_deferred(event->stream);
         cuemu_nccl_progress(true, event->stream, event->mark);
+    }
     return cudaSuccess;
 }
 

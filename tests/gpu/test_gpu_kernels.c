@@ -1627,6 +1627,59 @@ static int t_adamw_kops(struct kctx *G, struct kctx *C, size_t n)
     return bad;
 }
 
+/* The survival key's copy of the step's start on a GPU (trainer_snapshot_take): the weights and both moments copied
+ * into pinned host memory beside the device's work (k_to_host_behind), and the step's AdamW waiting for the copies
+ * (adamw_keep.behind). The copies must hold the state from before the step, bit for bit. The emulator runs such a
+ * copy as late as a GPU may (tests/cuemu, CUEMU_DEFER_COPIES): at the first wait for it; so there the same copies
+ * made with no wait in the update (a control) must hold the changed state, which shows that a missing wait is seen. */
+static int t_keep_beside(struct kctx *G, size_t n)
+{
+    float *p = rand_vec(n, -1, 1), *m = rand_vec(n, -0.1f, 0.1f), *v = rand_vec(n, 0, 0.01f), *g = rand_vec(n, -1, 1);
+    float *gp = kputf(G, p, n), *gg = kputf(G, g, n);
+    struct adamw *o = adamw_create_on(G, n, 0.9, 0.999, 1e-8, 0.01);
+    k_to_device(G, o->m, m, n * 4);
+    k_to_device(G, o->v, v, n * 4);
+    o->t = 4;
+    float *hp = G->ops->host_alloc(G, n * 4), *hm = G->ops->host_alloc(G, n * 4), *hv = G->ops->host_alloc(G, n * 4);
+    int bad = 0;
+    for (int control = 0; control < 2; control++) {
+        struct adamw_keep keep = {.p = hp, .m = hm, .v = hv, .kept = true, .behind = G};
+        k_to_host_behind(G, hp, gp, n * 4);
+        k_to_host_behind(G, hm, o->m, n * 4);
+        k_to_host_behind(G, hv, o->v, n * 4);
+        if (control) /* the update without waiting for the copies */
+            k_adamw(G, gp, gg, o->m, o->v, n, 1e-3, 0.9, 0.999, 1e-8, 0.01, ++o->t);
+        else {
+            o->keep = &keep;
+            adamw_step(o, gp, gg, 1e-3);
+        }
+        k_behind_wait(G, true);
+        const size_t diff = count_diff(hp, p, n) + count_diff(hm, m, n) + count_diff(hv, v, n);
+        if (!control) {
+            bad += report_equal("keep beside: the copies hold the state from before the update", diff);
+            bad += o->keep != NULL || keep.behind != NULL;
+        } else {
+#ifdef GRPO_CUEMU
+            printf("  keep beside, control (no wait): %zu of %zu floats are the changed state's%s\n", diff, 3 * n,
+                   diff == 0 ? "  FAIL (the emulator ran the copy before the update)" : "");
+            bad += diff == 0;
+#else
+            printf("  keep beside, control (no wait): %zu of %zu floats are the changed state's (a race on a GPU)\n",
+                   diff, 3 * n);
+#endif
+        }
+        /* the next round's "before": the state now */
+        kget(G, p, gp, n * 4);
+        kget(G, m, o->m, n * 4);
+        kget(G, v, o->v, n * 4);
+    }
+    G->ops->host_free(G, hp), G->ops->host_free(G, hm), G->ops->host_free(G, hv);
+    adamw_free(o);
+    kdrop(G, gp, n * 4), kdrop(G, gg, n * 4);
+    free(p), free(m), free(v), free(g);
+    return bad;
+}
+
 /* Empty shapes launch nothing and succeed, as the CPU loops do. */
 static int t_empty_ops(struct kctx *G)
 {
@@ -1939,6 +1992,7 @@ static int test_kops(void)
     if (!small)
         bad += t_lmhead(G, C, 300, 256, 5000, 1000, 4000, 128, 0.9f, true, true, 1e-5);
     bad += t_adamw_kops(G, C, 1000) + t_adamw_kops(G, C, 7);
+    bad += t_keep_beside(G, 4099);
     if (!small)
         bad += t_adamw_kops(G, C, 100003);
     const int sv = small ? 1000 : 32000;

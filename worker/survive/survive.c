@@ -366,6 +366,12 @@ static int step_begin(void *ud, int64_t k)
                      "step %lld's start kept by its first optimizer step (%.1f MB: the weights and AdamW's moments, "
                      "each chunk copied as the step reads it; every step)",
                      (long long)k, (double)trainer_snapshot_bytes(s->snap[k % 2]) / 1e6);
+        else if (trainer_snapshot_beside(s->snap[k % 2]))
+            log_info("survive",
+                     "step %lld's start copied out of the GPU beside the step's work (%.1f MB of pinned host memory: "
+                     "the weights and AdamW's moments, on a copy stream; its first optimizer step waits for the copy; "
+                     "every step)",
+                     (long long)k, (double)trainer_snapshot_bytes(s->snap[k % 2]) / 1e6);
         else
             log_info(
                 "survive", "step %lld's start kept in %.3f s (%.1f MB: the weights, AdamW's moments%s; every step)",

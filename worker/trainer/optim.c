@@ -60,6 +60,12 @@ void adamw_step(struct adamw *o, float *p, const float *g, double lr)
 {
     o->t++;
     struct adamw_keep *k = o->keep;
+    if (k && k->behind) { /* a GPU's copy of the state, under way beside its work: the update comes after it */
+        k_behind_wait(k->behind, false);
+        k->behind = NULL;
+        o->keep = NULL;
+        k = NULL;
+    }
     if (!k || !k->armed || o->K->device != KDEV_CPU) {
         k_adamw(o->K, p, g, o->m, o->v, o->n, lr, o->beta1, o->beta2, o->eps, o->weight_decay, o->t);
         return;

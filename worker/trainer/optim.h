@@ -13,11 +13,13 @@ struct kctx;
 
 /* A copy of the parameters and both moments as they are before the next step changes them, made by that step
  * (trainer.survive_trainer_loss keeps each training step's start this way): chunk by chunk, each chunk copied just
- * before it is updated, so the copy reads memory the update reads anyway (host memory only). */
+ * before it is updated, so the copy reads memory the update reads anyway (host memory only). On a GPU the copy is
+ * made earlier, beside the device's work (k_to_host_behind), and the next step's kernels wait for it (behind). */
 struct adamw_keep {
-    float *p, *m, *v; /* n floats each, where the copy goes */
-    bool armed;       /* the next step makes the copy */
-    bool kept;        /* it did: p, m and v hold the values from before it */
+    float *p, *m, *v;     /* n floats each, where the copy goes */
+    bool armed;           /* the next step makes the copy */
+    bool kept;            /* it did: p, m and v hold the values from before it */
+    struct kctx *behind;  /* non-NULL: copies of that context's memory are under way; the next step waits for them */
 };
 
 struct adamw {

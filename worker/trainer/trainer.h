@@ -212,7 +212,7 @@ struct comm *trainer_dp_device_group(const struct trainer *t);
 /* Whether the optimizer state is sharded over DP (ZeRO-1). */
 bool trainer_zero1(const struct trainer *t);
 /* The trainer's state at the start of a step (weights, AdamW's moments and count, the run state with the data
- * cursor), in host memory (on a GPU copied out of device memory and back): taken at the start of step global_step
+ * cursor), in host memory (on a GPU copied out of device memory, beside the step's work, and back): taken at the start of step global_step
  * + 1, restored to redo that step. With ZeRO-1 taking it is a collective of the DP group (each rank's block of the
  * moments copied to the next rank too). */
 struct trainer_snapshot;
@@ -221,6 +221,9 @@ struct trainer_snapshot *trainer_snapshot_new(void);
 void trainer_snapshot_settle(struct trainer *t, struct trainer_snapshot *s);
 /* Whether s waits for its step's first optimizer step to be made (host memory, no ZeRO-1: adamw_keep). */
 bool trainer_snapshot_deferred(const struct trainer_snapshot *s);
+/* Whether s is being copied out of a GPU beside the step's work (no ZeRO-1, pinned host memory: k_to_host_behind);
+ * the step's first optimizer step waits for the copies on the device, the host before it reads them. */
+bool trainer_snapshot_beside(const struct trainer_snapshot *s);
 void trainer_snapshot_take(struct trainer *t, struct trainer_snapshot *s);
 /* s's memory for t's state made and touched before the first step (the first touch is not a step's): its bytes (0:
  * it was there already). */
@@ -230,7 +233,7 @@ size_t trainer_snapshot_reserve(struct trainer *t, struct trainer_snapshot *s);
  * from every survivor's block and the lost ranks' copies (each rank keeps its previous DP rank's block: two
  * neighbours lost at once cannot be restored); a collective of the current DP group then, in which a spare that
  * joins takes part with s NULL (it gets its block; trainer_state_share gives it the rest). 0, or -1 with err. */
-int trainer_snapshot_restore(struct trainer *t, const struct trainer_snapshot *s, const int *lost, int n_lost,
+int trainer_snapshot_restore(struct trainer *t, struct trainer_snapshot *s, const int *lost, int n_lost,
                              char *err, size_t errlen);
 /* Whether ZeRO-1's optimizer state survives the loss of the DP ranks lost (of dp_size): not when a rank and the
  * next one, which kept the copy of its block, are both lost. 0, or -1 with err. */
@@ -238,7 +241,7 @@ int trainer_zero1_restorable(const int *lost, int n_lost, int dp_size, char *err
 /* The step whose start s holds (-1: none). */
 int64_t trainer_snapshot_step(const struct trainer_snapshot *s);
 /* The trainable floats s holds (*n of them; trainer_params' layout: with LoRA the adapter), in host memory. */
-const float *trainer_snapshot_params(const struct trainer_snapshot *s, size_t *n);
+const float *trainer_snapshot_params(struct trainer_snapshot *s, size_t *n);
 /* The host memory it holds. */
 size_t trainer_snapshot_bytes(const struct trainer_snapshot *s);
 void trainer_snapshot_free(struct trainer_snapshot *s);

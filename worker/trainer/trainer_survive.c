@@ -16,6 +16,7 @@
 #include "trainer_internal.h"
 #include "common/check.h"
 #include "common/dirlock.h"
+#include "common/log.h"
 #include "grad_reduce.h"
 #include "zero1.h"
 #include "worker/comm/comm.h"
@@ -40,7 +41,35 @@ struct trainer_snapshot {
      * just before it changes (optim.h): until then the trainer's own state is the step's start (only that step
      * changes it, and a loss is found only in a collective, never inside it), and keep.kept says which holds it. */
     struct adamw_keep keep;
+    /* On a GPU: params, m and v are that context's pinned host memory (hostK, NULL: malloc's), filled beside its
+     * work at the step's start (k_to_host_behind) while behind is set; the host waits for them (snapshot_wait)
+     * before it reads or frees them, the step's optimizer step before it changes the state (adamw_keep.behind).
+     * The contexts live as long as the process (worker/model/device.c). */
+    struct kctx *hostK, *behind;
 };
+
+/* s's copies beside a GPU's work done: its host memory may be read or freed */
+static void snapshot_wait(struct trainer_snapshot *s)
+{
+    if (s->behind)
+        k_behind_wait(s->behind, true);
+    s->behind = NULL;
+}
+
+static void keep_free(struct trainer_snapshot *s, float *p)
+{
+    if (p && s->hostK)
+        s->hostK->ops->host_free(s->hostK, p);
+    else
+        free(p);
+}
+
+static void snapshot_release(struct trainer_snapshot *s)
+{
+    snapshot_wait(s);
+    keep_free(s, s->params), keep_free(s, s->m), keep_free(s, s->v);
+    s->params = s->m = s->v = NULL;
+}
 
 struct trainer_snapshot *trainer_snapshot_new(void)
 {
@@ -53,15 +82,16 @@ void trainer_snapshot_free(struct trainer_snapshot *s)
 {
     if (!s)
         return;
-    free(s->params), free(s->m), free(s->v);
+    snapshot_release(s);
     free(s->mm), free(s->mv);
     free(s);
 }
 
 int64_t trainer_snapshot_step(const struct trainer_snapshot *s) { return s ? s->step : -1; }
 
-const float *trainer_snapshot_params(const struct trainer_snapshot *s, size_t *n)
+const float *trainer_snapshot_params(struct trainer_snapshot *s, size_t *n)
 {
+    snapshot_wait(s);
     *n = s->n;
     return s->params;
 }
@@ -111,12 +141,15 @@ static void state_to_device(struct kctx *K, void *dst, const void *src, size_t b
         k_to_device(K, dst, src, bytes);
 }
 
-/* n floats for a copy of the state: in huge pages where the kernel gives them (transparent huge pages on madvise),
- * fewer pages to map and look up for gigabytes copied every step. (They do not make the first touch cheap on the
- * test machine's virtual machine: 1.1 s a GB either way, which is why trainer_snapshot_reserve touches it before
- * the first step.) */
-static float *keep_alloc(size_t n)
+/* n floats for a copy of the state: on a GPU its context's pinned host memory (s->hostK), which its copies fill at
+ * the link's full speed beside the compute (pageable memory would make each copy the host's, staged); elsewhere
+ * in huge pages where the kernel gives them (transparent huge pages on madvise), fewer pages to map and look up for
+ * gigabytes copied every step. (They do not make the first touch cheap on the test machine's virtual machine: 1.1 s
+ * a GB either way, which is why trainer_snapshot_reserve touches it before the first step.) */
+static float *keep_alloc(struct trainer_snapshot *s, size_t n)
 {
+    if (s->hostK) /* NULL: refused */
+        return s->hostK->ops->host_alloc(s->hostK, n * sizeof(float));
     const size_t huge = (size_t)2 << 20, bytes = (n * sizeof(float) + huge - 1) / huge * huge;
     void *p = NULL;
     if (bytes < 4 * huge || posix_memalign(&p, huge, bytes) != 0)
@@ -133,12 +166,26 @@ static bool snapshot_fit(struct trainer *t, struct trainer_snapshot *s)
     const size_t n = model_trainable(t->policy).n, nb = t->opt->n; /* nb: the whole model's, or the ZeRO-1 block's */
     if (s->n == n && s->nb == nb && s->params)
         return false;
-    free(s->params), free(s->m), free(s->v);
+    snapshot_release(s);
     s->n = n;
     s->nb = nb;
-    s->params = keep_alloc(n);
-    s->m = keep_alloc(nb + 1);
-    s->v = keep_alloc(nb + 1);
+    /* pinned where a GPU's copies fill it beside its work (trainer_snapshot_take) */
+    struct kctx *K = t->policy->K;
+    s->hostK = K->device != KDEV_CPU && K == t->opt->K && K->ops->host_alloc ? K : NULL;
+    s->params = keep_alloc(s, n);
+    s->m = keep_alloc(s, nb + 1);
+    s->v = keep_alloc(s, nb + 1);
+    if (s->hostK && (!s->params || !s->m || !s->v)) {
+        log_warn("survive",
+                 "%.1f MB of pinned host memory for a copy of the step's start refused by the device's driver: the "
+                 "copies go through pageable memory, and the host waits for them at each step's start",
+                 (double)(n + 2 * (nb + 1)) * sizeof(float) / 1e6);
+        snapshot_release(s);
+        s->hostK = NULL;
+        s->params = keep_alloc(s, n);
+        s->m = keep_alloc(s, nb + 1);
+        s->v = keep_alloc(s, nb + 1);
+    }
     return true;
 }
 
@@ -164,8 +211,19 @@ void trainer_snapshot_take(struct trainer *t, struct trainer_snapshot *s)
     s->zero = t->zero != NULL;
     s->mlo = s->mhi = 0;
     s->keep = (struct adamw_keep){.p = s->params, .m = s->m, .v = s->v};
+    snapshot_wait(s); /* a slot's copies of two steps ago (done long since) */
     if (!s->zero && t->policy->K->device == KDEV_CPU && t->opt->K->device == KDEV_CPU && nb == tr.n) {
         s->keep.armed = true; /* the first optimizer step copies it (trainer_snapshot_settle after a step without) */
+        t->opt->keep = &s->keep;
+    } else if (!s->zero && s->hostK && nb == tr.n) {
+        /* a GPU's, beside its work: the step's forward and backward run while the link copies; its first optimizer
+         * step waits for the copies (adamw_keep.behind), the host before it reads them (snapshot_wait) */
+        k_to_host_behind(s->hostK, s->params, tr.params, tr.n * sizeof(float));
+        k_to_host_behind(s->hostK, s->m, t->opt->m, nb * sizeof(float));
+        k_to_host_behind(s->hostK, s->v, t->opt->v, nb * sizeof(float));
+        s->behind = s->hostK;
+        s->keep.behind = s->hostK;
+        s->keep.kept = true;
         t->opt->keep = &s->keep;
     } else { /* now: a GPU's state copied out; with ZeRO-1 the block's copy is what goes to the next rank */
         state_to_host(t->policy->K, s->params, tr.params, tr.n * sizeof(float));
@@ -180,10 +238,13 @@ void trainer_snapshot_take(struct trainer *t, struct trainer_snapshot *s)
 
 bool trainer_snapshot_deferred(const struct trainer_snapshot *s) { return s->keep.armed; }
 
+bool trainer_snapshot_beside(const struct trainer_snapshot *s) { return s->behind != NULL; }
+
 void trainer_snapshot_settle(struct trainer *t, struct trainer_snapshot *s)
 {
     if (t->opt->keep == &s->keep)
         t->opt->keep = NULL;
+    s->keep.behind = NULL; /* no optimizer step waited for the copies: the host does, when it reads them */
     if (!s->keep.armed)
         return;
     /* the step took no optimizer step (every mini-batch skipped): its state is still its start */
@@ -239,7 +300,7 @@ static void reshard(struct trainer *t, struct adamw *whole, int64_t opt_t)
     t->opt->t = opt_t;
 }
 
-int trainer_snapshot_restore(struct trainer *t, const struct trainer_snapshot *s, const int *lost, int n_lost,
+int trainer_snapshot_restore(struct trainer *t, struct trainer_snapshot *s, const int *lost, int n_lost,
                              char *err, size_t errlen)
 {
     const struct trainable tr = model_trainable(t->policy);
@@ -251,8 +312,10 @@ int trainer_snapshot_restore(struct trainer *t, const struct trainer_snapshot *s
     /* a copy the interrupted step's first optimizer step was to make is no longer wanted */
     if (t->opt->keep) {
         t->opt->keep->armed = false;
+        t->opt->keep->behind = NULL;
         t->opt->keep = NULL;
     }
+    snapshot_wait(s); /* a GPU's copies, made beside its work, done */
     /* not kept: the loss came before the step's first optimizer step, and the state is still the step's start */
     if (s->keep.kept)
         state_to_device(t->policy->K, tr.params, s->params, tr.n * sizeof(float));
