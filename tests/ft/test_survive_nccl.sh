@@ -14,6 +14,8 @@
 #  the redone step's gradients, the weights equal the one-process run's on the device within 1e-5 (every DP layout
 #  reproduces it, so DP 3 for step 1 and DP 2 for step 2 does too), the audit files hold every group of every step
 #  exactly rollout.n times, metrics.jsonl each step once;
+#  - rank 1 SIGKILLed in step 2's first optimizer step (optim:2:1): the survivors restore a start their own first
+#    update changed since, copied out beside the step's work (k_to_host_behind); the weights one process's;
 #  - a spare (4 ranks, a device each): rank 1 SIGKILLed in step 2's all-reduce, the spare takes its place (its state
 #    from DP rank 0, staged through host memory), a new NCCL communicator over 3, the weights one process's;
 #  - ZeRO-1 on the device (3 ranks; and 4 with a spare): rank 1 SIGKILLed in step 2's optimizer step, its block of
@@ -79,6 +81,20 @@ killed 1 silent "MPI: "
 killed 0 notice "(NCCL|MPI): "
 says "$TMP/nccl-0-notice.log" "the lead (rank 0) lost: rank 1 leads from step 2"
 expect "nccl-0-notice: launch rank 1 leads from step 2" $?
+
+# the step's start copied out of the devices beside the step's work (a copy stream; the first optimizer step waits
+# for it on the device): rank 1 SIGKILLed in step 2's first optimizer step, so the survivors, which took theirs,
+# find the loss in the second mini-batch's all-reduce and restore a start their own update has changed since (the
+# update's wait for the copy itself is gpu-kernels' "keep beside": here generation's frees order it too)
+CUEMU_NCCL_PEER_LOSS=silent start_held optim 3 "optim:2:1" trainer.device=cuda
+kill_held optim "rank 1 in step 2's optimizer step"
+wait "$JOB"
+expect "optim: the run finishes without rank 1 (mpirun exits 0)" $?
+says "$TMP/optim.log" "survive: step 1's start copied out of the GPU beside the step's work"
+expect "optim: each step's start is copied out beside the step's work (the log says so)" $?
+survived optim 2 1 2
+same_as_one optim
+metrics_once optim
 
 # a spare on the device: 3 trainers and a spare, a device each; rank 1 SIGKILLed in step 2's all-reduce on NCCL; the
 # spare takes its place (its state from DP rank 0 through host memory), the new NCCL communicator is over 3 again

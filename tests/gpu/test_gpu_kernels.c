@@ -1628,10 +1628,11 @@ static int t_adamw_kops(struct kctx *G, struct kctx *C, size_t n)
 }
 
 /* The survival key's copy of the step's start on a GPU (trainer_snapshot_take): the weights and both moments copied
- * into pinned host memory beside the device's work (k_to_host_behind), and the step's AdamW waiting for the copies
- * (adamw_keep.behind). The copies must hold the state from before the step, bit for bit. The emulator runs such a
- * copy as late as a GPU may (tests/cuemu, CUEMU_DEFER_COPIES): at the first wait for it; so there the same copies
- * made with no wait in the update (a control) must hold the changed state, which shows that a missing wait is seen. */
+ * into pinned host memory beside the device's work (adamw_keep_issue, k_to_host_behind), and the step's AdamW
+ * waiting for the copies (adamw_keep.behind). The copies must hold the state from before the step, bit for bit:
+ * issued before the step, or by the step itself. The emulator runs such a copy as late as a GPU may (tests/cuemu,
+ * CUEMU_DEFER_COPIES): at the first wait for it; so there the same copies made with no wait in the update (a
+ * control) must hold the changed state, which shows that a missing wait is seen. */
 static int t_keep_beside(struct kctx *G, size_t n)
 {
     float *p = rand_vec(n, -1, 1), *m = rand_vec(n, -0.1f, 0.1f), *v = rand_vec(n, 0, 0.01f), *g = rand_vec(n, -1, 1);
@@ -1642,30 +1643,33 @@ static int t_keep_beside(struct kctx *G, size_t n)
     o->t = 4;
     float *hp = G->ops->host_alloc(G, n * 4), *hm = G->ops->host_alloc(G, n * 4), *hv = G->ops->host_alloc(G, n * 4);
     int bad = 0;
-    for (int control = 0; control < 2; control++) {
-        struct adamw_keep keep = {.p = hp, .m = hm, .v = hv, .kept = true, .behind = G};
-        k_to_host_behind(G, hp, gp, n * 4);
-        k_to_host_behind(G, hm, o->m, n * 4);
-        k_to_host_behind(G, hv, o->v, n * 4);
-        if (control) /* the update without waiting for the copies */
-            k_adamw(G, gp, gg, o->m, o->v, n, 1e-3, 0.9, 0.999, 1e-8, 0.01, ++o->t);
-        else {
-            o->keep = &keep;
+    const char *how[] = {"issued before the update", "issued by the update", "control (no wait)"};
+    for (int r = 0; r < 3; r++) {
+        struct adamw_keep keep = {.p = hp, .m = hm, .v = hv, .beside = true};
+        o->keep = &keep;
+        if (r == 0)
+            adamw_keep_issue(o, gp);
+        if (r < 2) {
             adamw_step(o, gp, gg, 1e-3);
+            bad += o->keep != NULL || keep.behind != NULL || keep.beside || !keep.kept;
+        } else { /* the copies issued, then the update without waiting for them */
+            adamw_keep_issue(o, gp);
+            o->keep = NULL;
+            k_adamw(G, gp, gg, o->m, o->v, n, 1e-3, 0.9, 0.999, 1e-8, 0.01, ++o->t);
         }
         k_behind_wait(G, true);
         const size_t diff = count_diff(hp, p, n) + count_diff(hm, m, n) + count_diff(hv, v, n);
-        if (!control) {
-            bad += report_equal("keep beside: the copies hold the state from before the update", diff);
-            bad += o->keep != NULL || keep.behind != NULL;
+        char what[96];
+        snprintf(what, sizeof what, "keep beside, %s", how[r]);
+        if (r < 2) {
+            bad += report_equal(what, diff);
         } else {
 #ifdef GRPO_CUEMU
-            printf("  keep beside, control (no wait): %zu of %zu floats are the changed state's%s\n", diff, 3 * n,
+            printf("  %-44s %zu of %zu floats are the changed state's%s\n", what, diff, 3 * n,
                    diff == 0 ? "  FAIL (the emulator ran the copy before the update)" : "");
             bad += diff == 0;
 #else
-            printf("  keep beside, control (no wait): %zu of %zu floats are the changed state's (a race on a GPU)\n",
-                   diff, 3 * n);
+            printf("  %-44s %zu of %zu floats are the changed state's (a race on a GPU)\n", what, diff, 3 * n);
 #endif
         }
         /* the next round's "before": the state now */

@@ -56,10 +56,24 @@ void adamw_copy_out(float *dst, const float *src, size_t n)
 /* AdamW is elementwise: the chunks' steps are the whole step's, bit for bit */
 #define KEEP_CHUNK 16384
 
+void adamw_keep_issue(struct adamw *o, const float *params)
+{
+    struct adamw_keep *k = o->keep;
+    if (!k || !k->beside)
+        return;
+    k_to_host_behind(o->K, k->p, params, o->n * sizeof(float));
+    k_to_host_behind(o->K, k->m, o->m, o->n * sizeof(float));
+    k_to_host_behind(o->K, k->v, o->v, o->n * sizeof(float));
+    k->beside = false;
+    k->kept = true;
+    k->behind = o->K;
+}
+
 void adamw_step(struct adamw *o, float *p, const float *g, double lr)
 {
     o->t++;
     struct adamw_keep *k = o->keep;
+    adamw_keep_issue(o, p); /* not issued yet: now, and waited for just below */
     if (k && k->behind) { /* a GPU's copy of the state, under way beside its work: the update comes after it */
         k_behind_wait(k->behind, false);
         k->behind = NULL;

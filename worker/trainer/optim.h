@@ -14,12 +14,14 @@ struct kctx;
 /* A copy of the parameters and both moments as they are before the next step changes them, made by that step
  * (trainer.survive_trainer_loss keeps each training step's start this way): chunk by chunk, each chunk copied just
  * before it is updated, so the copy reads memory the update reads anyway (host memory only). On a GPU the copy is
- * made earlier, beside the device's work (k_to_host_behind), and the next step's kernels wait for it (behind). */
+ * made beside the device's work instead (k_to_host_behind into pinned host memory): issued by adamw_keep_issue (by
+ * the next step at the latest), and the next step's kernels wait for it. */
 struct adamw_keep {
-    float *p, *m, *v;     /* n floats each, where the copy goes */
-    bool armed;           /* the next step makes the copy */
-    bool kept;            /* it did: p, m and v hold the values from before it */
-    struct kctx *behind;  /* non-NULL: copies of that context's memory are under way; the next step waits for them */
+    float *p, *m, *v;    /* n floats each, where the copy goes */
+    bool armed;          /* the next step makes the copy */
+    bool beside;         /* on a GPU: the copy is still to be issued beside the device's work */
+    bool kept;           /* made (or issued): p, m and v hold the values from before the next step */
+    struct kctx *behind; /* issued on that context and not yet waited for by a step */
 };
 
 struct adamw {
@@ -36,7 +38,11 @@ struct adamw *adamw_create(size_t n, double beta1, double beta2, double eps, dou
 /* On context K (the model's: params and grads given to adamw_step are K's memory). */
 struct adamw *adamw_create_on(struct kctx *K, size_t n, double beta1, double beta2, double eps, double weight_decay);
 void adamw_free(struct adamw *o);
-/* One step on params (n) with grads (n) at learning rate lr; with o->keep armed (host memory), the copy first. */
+/* o->keep's copy beside o's device's work (keep.beside), of params (o->n floats, o's context's) and the moments as
+ * they are now: issued, if it was still to be (a step no longer changes them before it waits for the copy). */
+void adamw_keep_issue(struct adamw *o, const float *params);
+/* One step on params (n) with grads (n) at learning rate lr; with o->keep armed (host memory), the copy first; with
+ * a copy beside the device's work, after that copy. */
 void adamw_step(struct adamw *o, float *params, const float *grads, double lr);
 /* n floats from src to dst, dst written past the caches (the copy is read back only if a step is redone). */
 void adamw_copy_out(float *dst, const float *src, size_t n);

@@ -224,6 +224,9 @@ bool trainer_snapshot_deferred(const struct trainer_snapshot *s);
 /* Whether s is being copied out of a GPU beside the step's work (no ZeRO-1, pinned host memory: k_to_host_behind);
  * the step's first optimizer step waits for the copies on the device, the host before it reads them. */
 bool trainer_snapshot_beside(const struct trainer_snapshot *s);
+/* The copy of the step's start beside a GPU's work, issued if it is still to be: once the step has freed what it
+ * gives back (a free makes the host wait for the device's work, copies included). */
+void trainer_keep_issue(struct trainer *t);
 void trainer_snapshot_take(struct trainer *t, struct trainer_snapshot *s);
 /* s's memory for t's state made and touched before the first step (the first touch is not a step's): its bytes (0:
  * it was there already). */

@@ -971,6 +971,9 @@ int trainer_grpo_step(struct trainer *t, struct metrics *m)
         if (t->ref)
             model_release_buffers(t->ref, MODEL_BUF_TRAIN);
     }
+    /* trainer.survive_trainer_loss on a GPU: the step's start copied out beside generation (not before those frees,
+     * each of which would wait for it) */
+    trainer_keep_issue(t);
     if (t->src.generates) /* generation's peaks from here */
         kmem_reset_peaks(t->policy->K);
     int rc = t->src.next_batch(t->src.ctx, k, &b, &tm);

@@ -42,9 +42,11 @@ struct trainer_snapshot {
      * changes it, and a loss is found only in a collective, never inside it), and keep.kept says which holds it. */
     struct adamw_keep keep;
     /* On a GPU: params, m and v are that context's pinned host memory (hostK, NULL: malloc's), filled beside its
-     * work at the step's start (k_to_host_behind) while behind is set; the host waits for them (snapshot_wait)
-     * before it reads or frees them, the step's optimizer step before it changes the state (adamw_keep.behind).
-     * The contexts live as long as the process (worker/model/device.c). */
+     * work (k_to_host_behind: issued once the step has given back its memory, whose frees would make the host wait
+     * for the copy, trainer_keep_issue, or by the step's first optimizer step; keep.kept once issued); the host
+     * waits for them (snapshot_wait, while behind is set) before it reads or frees them, the step's optimizer step
+     * before it changes the state (adamw_keep.behind). The contexts live as long as the process
+     * (worker/model/device.c). */
     struct kctx *hostK, *behind;
 };
 
@@ -210,20 +212,18 @@ void trainer_snapshot_take(struct trainer *t, struct trainer_snapshot *s)
     s->st = t->st;
     s->zero = t->zero != NULL;
     s->mlo = s->mhi = 0;
-    s->keep = (struct adamw_keep){.p = s->params, .m = s->m, .v = s->v};
     snapshot_wait(s); /* a slot's copies of two steps ago (done long since) */
+    s->keep = (struct adamw_keep){.p = s->params, .m = s->m, .v = s->v};
     if (!s->zero && t->policy->K->device == KDEV_CPU && t->opt->K->device == KDEV_CPU && nb == tr.n) {
         s->keep.armed = true; /* the first optimizer step copies it (trainer_snapshot_settle after a step without) */
         t->opt->keep = &s->keep;
     } else if (!s->zero && s->hostK && nb == tr.n) {
-        /* a GPU's, beside its work: the step's forward and backward run while the link copies; its first optimizer
-         * step waits for the copies (adamw_keep.behind), the host before it reads them (snapshot_wait) */
-        k_to_host_behind(s->hostK, s->params, tr.params, tr.n * sizeof(float));
-        k_to_host_behind(s->hostK, s->m, t->opt->m, nb * sizeof(float));
-        k_to_host_behind(s->hostK, s->v, t->opt->v, nb * sizeof(float));
+        /* a GPU's, beside its work: issued once the step has freed what it gives back (trainer_keep_issue), then
+         * the step's generation, forward and backward run while the link copies; its first optimizer step waits
+         * for the copies (adamw_keep.behind), the host before it reads them (snapshot_wait). Until issued the
+         * trainer's own state is the step's start (keep.kept false), as on the CPU. */
+        s->keep.beside = true;
         s->behind = s->hostK;
-        s->keep.behind = s->hostK;
-        s->keep.kept = true;
         t->opt->keep = &s->keep;
     } else { /* now: a GPU's state copied out; with ZeRO-1 the block's copy is what goes to the next rank */
         state_to_host(t->policy->K, s->params, tr.params, tr.n * sizeof(float));
@@ -238,12 +238,21 @@ void trainer_snapshot_take(struct trainer *t, struct trainer_snapshot *s)
 
 bool trainer_snapshot_deferred(const struct trainer_snapshot *s) { return s->keep.armed; }
 
-bool trainer_snapshot_beside(const struct trainer_snapshot *s) { return s->behind != NULL; }
+bool trainer_snapshot_beside(const struct trainer_snapshot *s) { return s->keep.beside || s->keep.behind; }
+
+void trainer_keep_issue(struct trainer *t)
+{
+    if (t->opt->keep)
+        adamw_keep_issue(t->opt, model_trainable(t->policy).params);
+}
 
 void trainer_snapshot_settle(struct trainer *t, struct trainer_snapshot *s)
 {
-    if (t->opt->keep == &s->keep)
+    if (t->opt->keep == &s->keep) {
+        /* a GPU's copy not issued: the step took no optimizer step, its state is still its start */
+        adamw_keep_issue(t->opt, model_trainable(t->policy).params);
         t->opt->keep = NULL;
+    }
     s->keep.behind = NULL; /* no optimizer step waited for the copies: the host does, when it reads them */
     if (!s->keep.armed)
         return;
@@ -312,6 +321,7 @@ int trainer_snapshot_restore(struct trainer *t, struct trainer_snapshot *s, cons
     /* a copy the interrupted step's first optimizer step was to make is no longer wanted */
     if (t->opt->keep) {
         t->opt->keep->armed = false;
+        t->opt->keep->beside = false;
         t->opt->keep->behind = NULL;
         t->opt->keep = NULL;
     }
