@@ -138,6 +138,8 @@ void *k_alloc(struct kctx *K, size_t bytes, enum kmem_kind kind, const char *wha
     s->allocated += bytes;
     if (s->allocated > s->max_allocated)
         s->max_allocated = s->allocated;
+    if (K->device == KDEV_CPU) /* the host's, with what it keeps of freed memory (k_free) */
+        s->reserved = s->allocated + (K->ops->cached ? K->ops->cached(K) : 0);
     if (s->allocated > s->reserved)
         s->reserved = s->allocated;
     if (s->reserved > s->max_reserved)
@@ -164,9 +166,10 @@ void k_free(struct kctx *K, void *p, size_t bytes, enum kmem_kind kind)
     struct kmem_stats *s = &K->mem;
     s->in_use[kind] -= bytes <= s->in_use[kind] ? bytes : s->in_use[kind];
     s->allocated -= bytes <= s->allocated ? bytes : s->allocated;
-    /* the host allocator gives memory back; a device back-end that caches updates reserved itself */
+    /* the host's: what it keeps of freed memory (kernels/cpu/backend.c); a device back-end that caches updates
+     * reserved itself */
     if (K->device == KDEV_CPU)
-        s->reserved = s->allocated;
+        s->reserved = s->allocated + (K->ops->cached ? K->ops->cached(K) : 0);
 }
 
 void kmem_reset_peaks(struct kctx *K)

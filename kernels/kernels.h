@@ -143,6 +143,9 @@ struct kops {
      * host_alloc returns NULL when it cannot (activation offload's arena) */
     void *(*host_alloc)(struct kctx *K, size_t bytes);
     void (*host_free)(struct kctx *K, void *p);
+    /* bytes freed and kept for reuse rather than given back (the CPU's big blocks; NULL: none, or counted in
+     * kmem_stats.reserved by the back-end itself) */
+    size_t (*cached)(struct kctx *K);
     /* a copy to host memory beside the context's work (k_to_host_behind below; NULL: a back-end whose copies are
      * the host's own, k_to_host then) and the wait for those copies (host: the host waits too, else only the
      * context's later work) */

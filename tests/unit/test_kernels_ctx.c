@@ -144,6 +144,61 @@ static void test_backends_registered(void **state)
     assert_true(a == b);
 }
 
+/* The CPU back-end keeps freed big blocks (4 MiB and more) for the next allocation they fit, instead of mapping
+ * them anew (a page fault per 4 KiB written): the same memory comes back, zeroed by k_calloc, counted in reserved;
+ * what is kept idle never exceeds the big blocks in use; small blocks are malloc's; GRPO_CPU_KEEP_FREED=0 keeps none. */
+static void test_cpu_keeps_freed_big_blocks(void **state)
+{
+    (void)state;
+    struct kctx *K = fresh_cpu();
+    const size_t big = (size_t)16 << 20, n = big / sizeof(float);
+    unsetenv("GRPO_CPU_KEEP_FREED");
+    float *hold = k_alloc(K, (size_t)64 << 20, KMEM_WEIGHTS, "weights"); /* in use: room to keep what is freed */
+    float *a = k_alloc(K, big, KMEM_GRADS, "gradients");
+    assert_int_equal((uintptr_t)a % 4096, 0);
+    for (size_t i = 0; i < n; i++)
+        a[i] = 1.0f;
+    k_free(K, a, big, KMEM_GRADS);
+    assert_true(K->mem.reserved >= K->mem.allocated + big); /* kept: reserved, not allocated */
+    float *b = k_alloc(K, big - 4096, KMEM_GRADS, "gradients again");
+    assert_ptr_equal(b, a); /* the same block, its pages kept: what was written is there (a new mapping is zeros) */
+    assert_true(b[0] == 1.0f && b[n / 2] == 1.0f && b[n - 1025] == 1.0f);
+    k_free(K, b, big - 4096, KMEM_GRADS);
+    b = k_calloc(K, big - 4096, KMEM_GRADS, "gradients again, zeroed");
+    assert_ptr_equal(b, a);
+    for (size_t i = 0; i < n - 1024; i++)
+        if (b[i] != 0.0f)
+            fail_msg("reused block not zeroed at %zu: %g", i, (double)b[i]);
+    /* a block too big for it (more than twice) is not taken for a small request */
+    k_free(K, b, big - 4096, KMEM_GRADS);
+    float *c = k_alloc(K, big / 4, KMEM_ACTS, "activations"); /* 4 MiB: a big block, a quarter of the kept one */
+    assert_ptr_not_equal(c, a);
+    k_free(K, c, big / 4, KMEM_ACTS);
+    float *d = k_alloc(K, big / 2, KMEM_ACTS, "activations"); /* half: the kept block is taken */
+    assert_ptr_equal(d, a);
+    k_free(K, d, big / 2, KMEM_ACTS);
+    /* idle memory is bounded by what is in use: with the weights freed, nothing big is in use, nothing kept */
+    k_free(K, hold, (size_t)64 << 20, KMEM_WEIGHTS);
+    assert_int_equal(K->mem.reserved, K->mem.allocated);
+    /* off: a freed block is unmapped, nothing kept */
+    setenv("GRPO_CPU_KEEP_FREED", "0", 1);
+    hold = k_alloc(K, (size_t)64 << 20, KMEM_WEIGHTS, "weights");
+    a = k_alloc(K, big, KMEM_GRADS, "gradients");
+    a[0] = 1.0f;
+    k_free(K, a, big, KMEM_GRADS);
+    assert_int_equal(K->mem.reserved, K->mem.allocated);
+    b = k_alloc(K, big, KMEM_GRADS, "gradients again");
+    assert_true(b[0] == 0.0f); /* a new mapping, wherever it lies */
+    k_free(K, b, big, KMEM_GRADS);
+    k_free(K, hold, (size_t)64 << 20, KMEM_WEIGHTS);
+    unsetenv("GRPO_CPU_KEEP_FREED");
+    /* small blocks: malloc's, freed through the same op */
+    void *s = k_alloc(K, 1000, KMEM_OTHER, "small");
+    assert_int_equal((uintptr_t)s % 64, 0);
+    k_free(K, s, 1000, KMEM_OTHER);
+    kctx_free(K);
+}
+
 static const struct model_config tiny = {.arch = ARCH_QWEN3,
                                          .vocab_size = 53,
                                          .hidden_size = 16,
@@ -306,6 +361,7 @@ int main(void)
         cmocka_unit_test(test_errors_name_the_cause),
         cmocka_unit_test(test_unknown_device),
         cmocka_unit_test(test_backends_registered),
+        cmocka_unit_test(test_cpu_keeps_freed_big_blocks),
         cmocka_unit_test(test_steady_training_step_allocates_nothing),
         cmocka_unit_test(test_kv_slab_and_steady_decode),
         cmocka_unit_test(test_bf16_model_within_bounds),
