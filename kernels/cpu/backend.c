@@ -19,6 +19,23 @@
  * (the oldest kept first given back beyond that) and at most MAX_KEPT blocks; GRPO_CPU_KEEP_FREED=0 gives every
  * freed block back at once. Smaller blocks are malloc's. One table for the process (every CPU context's memory is
  * the same host memory), under a lock. */
+#if defined(__SANITIZE_ADDRESS__)
+#define GRPO_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define GRPO_ASAN 1
+#endif
+#endif
+#ifdef GRPO_ASAN /* under AddressSanitizer a kept block is poisoned (a use after its free is reported), and so is a
+                  * block's tail past what was asked (a write past the end) */
+#include <sanitizer/asan_interface.h>
+#define POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define POISON(p, n) ((void)(p), (void)(n))
+#define UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
 #define BIG_BLOCK ((size_t)4 << 20)
 #define MAP_ROUND ((size_t)2 << 20)
 #define MAX_KEPT 32
@@ -98,6 +115,8 @@ static void *big_alloc(size_t bytes)
     g_big.n_live++;
     g_big.live_bytes += got;
     pthread_mutex_unlock(&g_big.lock);
+    UNPOISON(p, bytes);
+    POISON(p + bytes, got - bytes);
     return p;
 }
 
@@ -116,6 +135,7 @@ static bool big_free(char *p)
     memmove(&g_big.live[at], &g_big.live[at + 1], (g_big.n_live - at - 1) * sizeof *g_big.live);
     g_big.n_live--;
     g_big.live_bytes -= b.cap;
+    POISON(b.p, b.cap);
     if (keep_freed()) {
         if (g_big.n_kept == MAX_KEPT)
             gone[n_gone++] = g_big.kept[0], kept_drop(0);
@@ -127,8 +147,10 @@ static bool big_free(char *p)
         gone[n_gone++] = b;
     }
     pthread_mutex_unlock(&g_big.lock);
-    for (int i = 0; i < n_gone; i++)
+    for (int i = 0; i < n_gone; i++) {
+        UNPOISON(gone[i].p, gone[i].cap); /* a later mapping there starts clean */
         munmap(gone[i].p, gone[i].cap);
+    }
     return true;
 }
 
