@@ -16,6 +16,8 @@
 #   SPARE=1 bench/run_survive_bench.sh                 # the rounds with an idle spare too
 #   DEMO=1 bench/run_survive_bench.sh                  # the demo model (134.5 M parameters) on 2 colocated ranks,
 #                                                      # 4 prompts x 2 responses of up to 32 tokens (rank 1 killed)
+#   DEMO=1 KEYS="actor_rollout_ref.rollout.n=8 data.max_response_length=24" bench/run_survive_bench.sh
+#                                                      # KEYS: more keys for every run (here the demo's own batch)
 #   SPLIT=1 bench/run_survive_bench.sh                 # a split run: 3 trainers and 1 rollout rank (the key makes
 #                                                      # the rollout rank send whole units to the lead, which hands
 #                                                      # them out); the killed run loses trainer rank 1 in step 3's
@@ -45,6 +47,7 @@ PY
 "$B/worker/grpo-model" init "$OUT/config.json" "$OUT/model" --tokenizer-from "$TOK" --seed 11 --std 0.02 \
     >"$OUT/init.log" 2>&1
 MODEL="$OUT/model" SIZE="6 prompts x 4 responses" MODEL_TEXT="random Llama $HIDDEN x $LAYERS"
+[ -z "${KEYS:-}" ] || SIZE_KEYS=" (with $KEYS)"
 keys() { # NAME
     if [ "${DEMO:-0}" = 1 ]; then
         echo actor_rollout_ref.model.path="$MODEL" trainer.project_name=p trainer.experiment_name=e \
@@ -75,9 +78,9 @@ fi
 run() { # NAME [keys...] (mpirun's options in MPI_EXTRA, the ranks in NP: 3, or 4 with SPLIT=1)
     local name=$1
     shift
-    # shellcheck disable=SC2046 # keys' words are the keys
+    # shellcheck disable=SC2046,SC2086 # keys' words are the keys
     scripts/mpirun_ft --oversubscribe --bind-to none "${MPI_EXTRA[@]}" -np "${NP:-$BASE_NP}" grpo-worker \
-        $(keys "$name") "${LAYOUT[@]}" "$@" >"$OUT/$name.log" 2>&1
+        $(keys "$name") ${KEYS:-} "${LAYOUT[@]}" "$@" >"$OUT/$name.log" 2>&1
 }
 # mean timing_s/step over the steps after the first
 step_mean() {
@@ -123,7 +126,7 @@ if [ "${SPARE:-0}" = 1 ]; then
     NP=4 killed killed-spare trainer.survive_spare_ranks=1
     t0s="$T0"
 fi
-python3 - "$OUT" "$t0" "$MODEL_TEXT" "$SIZE" "$STEPS" "${off[*]}" "${on[*]}" "${spare[*]}" "$t0s" "$LAYOUT_TEXT" \
+python3 - "$OUT" "$t0" "$MODEL_TEXT" "$SIZE${SIZE_KEYS:-}" "$STEPS" "${off[*]}" "${on[*]}" "${spare[*]}" "$t0s" "$LAYOUT_TEXT" \
     "$KILL" "$([ "${SPLIT:-0}" = 1 ] && echo 3 || echo "$BASE_NP")" <<'PY' | tee "$OUT/summary.md"
 import datetime, json, re, sys
 out, t0, model, size, steps = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
