@@ -26,7 +26,7 @@
 #define GRPO_ASAN 1
 #endif
 #endif
-#ifdef GRPO_ASAN /* under AddressSanitizer a kept block is poisoned (a use after its free is reported), and so is a
+#ifdef GRPO_ASAN /* under AddressSanitizer a kept block is poisoned (a use after its free is reported), and so is a    \
                   * block's tail past what was asked (a write past the end) */
 #include <sanitizer/asan_interface.h>
 #define POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))

@@ -146,7 +146,8 @@ static void test_backends_registered(void **state)
 
 /* The CPU back-end keeps freed big blocks (4 MiB and more) for the next allocation they fit, instead of mapping
  * them anew (a page fault per 4 KiB written): the same memory comes back, zeroed by k_calloc, counted in reserved;
- * what is kept idle never exceeds the big blocks in use; small blocks are malloc's; GRPO_CPU_KEEP_FREED=0 keeps none. */
+ * what is kept idle never exceeds the big blocks in use; small blocks are malloc's; GRPO_CPU_KEEP_FREED=0 keeps none.
+ */
 static void test_cpu_keeps_freed_big_blocks(void **state)
 {
     (void)state;

@@ -74,7 +74,7 @@ void adamw_step(struct adamw *o, float *p, const float *g, double lr)
     o->t++;
     struct adamw_keep *k = o->keep;
     adamw_keep_issue(o, p); /* not issued yet: now, and waited for just below */
-    if (k && k->behind) { /* a GPU's copy of the state, under way beside its work: the update comes after it */
+    if (k && k->behind) {   /* a GPU's copy of the state, under way beside its work: the update comes after it */
         k_behind_wait(k->behind, false);
         k->behind = NULL;
         o->keep = NULL;

@@ -212,7 +212,8 @@ struct comm *trainer_dp_device_group(const struct trainer *t);
 /* Whether the optimizer state is sharded over DP (ZeRO-1). */
 bool trainer_zero1(const struct trainer *t);
 /* The trainer's state at the start of a step (weights, AdamW's moments and count, the run state with the data
- * cursor), in host memory (on a GPU copied out of device memory, beside the step's work, and back): taken at the start of step global_step
+ * cursor), in host memory (on a GPU copied out of device memory, beside the step's work, and back): taken at the start
+ * of step global_step
  * + 1, restored to redo that step. With ZeRO-1 taking it is a collective of the DP group (each rank's block of the
  * moments copied to the next rank too). */
 struct trainer_snapshot;
@@ -236,8 +237,8 @@ size_t trainer_snapshot_reserve(struct trainer *t, struct trainer_snapshot *s);
  * from every survivor's block and the lost ranks' copies (each rank keeps its previous DP rank's block: two
  * neighbours lost at once cannot be restored); a collective of the current DP group then, in which a spare that
  * joins takes part with s NULL (it gets its block; trainer_state_share gives it the rest). 0, or -1 with err. */
-int trainer_snapshot_restore(struct trainer *t, struct trainer_snapshot *s, const int *lost, int n_lost,
-                             char *err, size_t errlen);
+int trainer_snapshot_restore(struct trainer *t, struct trainer_snapshot *s, const int *lost, int n_lost, char *err,
+                             size_t errlen);
 /* Whether ZeRO-1's optimizer state survives the loss of the DP ranks lost (of dp_size): not when a rank and the
  * next one, which kept the copy of its block, are both lost. 0, or -1 with err. */
 int trainer_zero1_restorable(const int *lost, int n_lost, int dp_size, char *err, size_t errlen);

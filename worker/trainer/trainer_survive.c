@@ -309,8 +309,8 @@ static void reshard(struct trainer *t, struct adamw *whole, int64_t opt_t)
     t->opt->t = opt_t;
 }
 
-int trainer_snapshot_restore(struct trainer *t, struct trainer_snapshot *s, const int *lost, int n_lost,
-                             char *err, size_t errlen)
+int trainer_snapshot_restore(struct trainer *t, struct trainer_snapshot *s, const int *lost, int n_lost, char *err,
+                             size_t errlen)
 {
     const struct trainable tr = model_trainable(t->policy);
     if (!s) { /* a spare that joins: with ZeRO-1 its part of the re-sharding, no block of its own (zeros) */
