@@ -118,6 +118,14 @@ static const char *kind_knob[KMEM_KINDS] = {
 
 static double gb(size_t b) { return (double)b / 1e9; }
 
+/* The CPU's reserved: what is allocated, and what the host keeps of freed memory (kernels/cpu/backend.c); a device
+ * back-end that caches updates reserved itself */
+static void host_reserved(struct kctx *K)
+{
+    if (K->device == KDEV_CPU)
+        K->mem.reserved = K->mem.allocated + (K->ops->cached ? K->ops->cached(K) : 0);
+}
+
 void *k_alloc(struct kctx *K, size_t bytes, enum kmem_kind kind, const char *what)
 {
     void *p = K->ops->alloc(K, bytes);
@@ -138,8 +146,7 @@ void *k_alloc(struct kctx *K, size_t bytes, enum kmem_kind kind, const char *wha
     s->allocated += bytes;
     if (s->allocated > s->max_allocated)
         s->max_allocated = s->allocated;
-    if (K->device == KDEV_CPU) /* the host's, with what it keeps of freed memory (k_free) */
-        s->reserved = s->allocated + (K->ops->cached ? K->ops->cached(K) : 0);
+    host_reserved(K);
     if (s->allocated > s->reserved)
         s->reserved = s->allocated;
     if (s->reserved > s->max_reserved)
@@ -166,10 +173,7 @@ void k_free(struct kctx *K, void *p, size_t bytes, enum kmem_kind kind)
     struct kmem_stats *s = &K->mem;
     s->in_use[kind] -= bytes <= s->in_use[kind] ? bytes : s->in_use[kind];
     s->allocated -= bytes <= s->allocated ? bytes : s->allocated;
-    /* the host's: what it keeps of freed memory (kernels/cpu/backend.c); a device back-end that caches updates
-     * reserved itself */
-    if (K->device == KDEV_CPU)
-        s->reserved = s->allocated + (K->ops->cached ? K->ops->cached(K) : 0);
+    host_reserved(K);
 }
 
 void kmem_reset_peaks(struct kctx *K)
