@@ -47,15 +47,16 @@ struct trainer_snapshot {
      * waits for them (snapshot_wait, while behind is set) before it reads or frees them, the step's optimizer step
      * before it changes the state (adamw_keep.behind). The contexts live as long as the process
      * (worker/model/device.c). */
-    struct kctx *hostK, *behind;
+    struct kctx *hostK;
+    bool behind;
 };
 
 /* s's copies beside a GPU's work done: its host memory may be read or freed */
 static void snapshot_wait(struct trainer_snapshot *s)
 {
     if (s->behind)
-        k_behind_wait(s->behind, true);
-    s->behind = NULL;
+        k_behind_wait(s->hostK, true);
+    s->behind = false;
 }
 
 static void keep_free(struct trainer_snapshot *s, float *p)
@@ -223,7 +224,7 @@ void trainer_snapshot_take(struct trainer *t, struct trainer_snapshot *s)
          * for the copies (adamw_keep.behind), the host before it reads them (snapshot_wait). Until issued the
          * trainer's own state is the step's start (keep.kept false), as on the CPU. */
         s->keep.beside = true;
-        s->behind = s->hostK;
+        s->behind = true;
         t->opt->keep = &s->keep;
     } else { /* now: a GPU's state copied out; with ZeRO-1 the block's copy is what goes to the next rank */
         state_to_host(t->policy->K, s->params, tr.params, tr.n * sizeof(float));
