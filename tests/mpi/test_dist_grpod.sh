@@ -19,6 +19,7 @@
 #    group, and the run finishes with weights bit-identical to an undisturbed run;
 #  - fully-async training (a push every 2 steps, partial rollout): paused at a push, resumed, stopped and launched
 #    again, the run ends bit-identical to the replay of its own schedule in one go (its arrival order).
+#  - a trainer-bound fully-async run: a pause holds the rollout rank while the trainer has not taken its batch before.
 # usage: test_dist_grpod.sh (the build's programs by name, tests/lib.sh)
 set -u
 . "$(dirname "$0")/../system/grpod_lib.sh"
@@ -279,7 +280,7 @@ wait_for 60 step_at_least 3; expect "fully-async run under way" $?
 "$GRPOCTL" pause --wait="$(scaled 60)" >"$TMP/pause7.out" 2>&1
 rc=$?
 expect "the fully-async run pauses" $rc
-if [ $rc -ne 0 ]; then # what grpoctl said, and where each rank stood (once failed in CI, 2026-12-07, not reproduced)
+if [ $rc -ne 0 ]; then # what grpoctl said, and where each rank stood (the trainer-bound case below says why it failed)
     sed 's/^/     | /' "$TMP/pause7.out"
     "$GRPOCTL" status --json | jq -c '.workers[] | {rank, role, state, phase, step}' | sed 's/^/     | /'
 fi
@@ -307,4 +308,41 @@ cmp -s "$TMP/fa/p/e/async_schedule.jsonl" "$TMP/fareplay/p/e/async_schedule.json
 expect "the replay took the same units in the same order with the same versions" $?
 python3 "$(dirname "$0")/check_fully_async.py" "$TMP/fa/p/e" "$TMP/fa/audit" 2 1 4 >"$TMP/check7.txt" 2>&1
 rc=$?; expect "float64 check of the stopped and resumed run ($(tail -1 "$TMP/check7.txt"))" $rc
+
+# ---- a trainer-bound fully-async run (1 trainer + 1 rollout rank, 4 PPO epochs a step, fast generation): the rollout
+# rank mostly waits for the trainer to take its batch before (back-pressure: the trainer takes the stream's units as
+# its steps need them). A pause holds it there, as at a safe point; it used to wait on the trainer, paused at its own
+# safe point, until the send's minute ran out (CI, 2026-12-07: "1 of 2 workers at a safe point"). Paused and resumed
+# until the rollout rank was held so (it is on nearly every pause; at most 5), every pause complete and no step
+# taken while paused.
+unset GRPO_TEST_DECODE_SLEEP_S
+MPI_EXTRA=()
+PLACE=(placement.trainer_ranks=1 placement.rollout_ranks=1)
+STEPS=1000
+start_grpod g8 "${PLACE[@]}"
+NP=2 run fb grpod.endpoint="$EP" grpod.connect_timeout_s=20 data.train_batch_size=0 async_training.require_batches=2 \
+    async_training.staleness_threshold=4 async_training.trigger_parameter_sync_step=2 data.max_response_length=16 \
+    actor_rollout_ref.actor.ppo_epochs=4 trainer.save_freq=-1 &
+MPI_PID=$!
+track "$MPI_PID"
+wait_for 60 step_at_least 3; expect "trainer-bound fully-async run under way" $?
+held_in_send() { has "$TMP/fb.log" "[rank 1] rollout: held for the pause with a unit to send"; }
+pauses=0 bad=0
+while [ $pauses -lt 5 ] && ! held_in_send; do
+    pauses=$((pauses + 1))
+    wait_for 60 step_at_least $(($(status_field .step) + 2)) || { bad=1; echo "     | no progress before pause $pauses"; break; }
+    if ! "$GRPOCTL" pause --wait="$(scaled 60)" >"$TMP/pause8.out" 2>&1; then
+        bad=1
+        sed 's/^/     | /' "$TMP/pause8.out"
+        "$GRPOCTL" status --json | jq -c '.workers[] | {rank, role, state, phase, step}' | sed 's/^/     | /'
+        break
+    fi
+    [ "$(status_field '[.workers[].state] | map(select(. == "paused")) | length')" = 2 ] || { bad=1; break; }
+    "$GRPOCTL" resume >/dev/null 2>&1 || { bad=1; break; }
+done
+[ $bad -eq 0 ]; expect "each of the $pauses pause(s) of the trainer-bound run completed, every rank paused" $?
+held_in_send; expect "the rollout rank was held with a unit to send (pause $pauses)" $?
+"$GRPOCTL" stop --wait="$(scaled 60)" >"$TMP/stop8.out" 2>&1; expect "stop" $?
+wait "$MPI_PID"; expect "every rank of the trainer-bound run exits 0" $?
+stop_grpod
 finish

@@ -47,8 +47,8 @@ struct dataplane_push *dataplane_push_open_any(const char *const *endpoints, int
  * previous batch was refused (err says why: a configuration that differs from the trainer's). */
 int dataplane_send(struct dataplane_push *p, int i, const void *buf, size_t len, uint64_t counter, int timeout_ms,
                    char *err, size_t errlen);
-/* Waits on a trainer (dataplane_send's) give up as soon as ended(ud) says the run has ended: looked at every
- * 0.2 s. */
+/* Waits on a trainer (dataplane_send's) give up as soon as ended(ud) says the run has ended: called every 0.2 s
+ * of a wait, it is also the caller's turn meanwhile (a rollout rank holds there for a pause). */
 void dataplane_push_until(struct dataplane_push *p, bool (*ended)(void *ud), void *ud);
 void dataplane_push_close(struct dataplane_push *p);
 

@@ -64,6 +64,7 @@ struct rollout_rank {
     int64_t total_steps;
     bool all_granted, said_all_granted;
     bool said_waiting_on; /* said that the trainers have been silent a minute and this rank waits on (under grpod) */
+    bool said_send_hold;  /* said that it holds for a pause while a trainer has not taken its batch before */
     double gone_since;    /* since when the dispatcher's endpoint is gone (0: it is not) */
     int64_t version;      /* policy version in the model (-1: none yet) */
     struct gen_ctx rc;
@@ -155,9 +156,24 @@ static void *watch_group(void *arg)
     return NULL;
 }
 
-/* The end has reached this rollout process (dataplane_push_until's test): a batch on its way, of a unit the
- * trainers no longer wait for, is dropped at once. */
-static bool run_ended(void *work) { return work_client_ended(work); }
+/* Between the slices of a wait on a trainer (dataplane_push_until's test). A rank that waits for the trainer to
+ * take its batch before (back-pressure: the trainers take a stream's units as their steps need them) holds there
+ * while the run is to pause, as at a safe point: a trainer paused at its own takes nothing until the run resumes,
+ * so this rank would never reach its next one (the pause waited on it for ever: "1 of 2 workers at a safe
+ * point"). Its unit is generated, and it sends it once the run resumes. True when the end has reached this
+ * rollout process: a batch on its way, of a unit the trainers no longer wait for, is dropped at once. */
+static bool between_send_slices(void *ud)
+{
+    struct rollout_rank *r = ud;
+    if (control_pause_wanted(r->env->ctl) && !r->said_send_hold) {
+        log_info("rollout",
+                 "held for the pause with a unit to send: the trainer has not yet taken this rank's previous batch (it "
+                 "takes batches as its steps need them); the unit goes once the run resumes");
+        r->said_send_hold = true;
+    }
+    control_wait_poll(r->env->ctl, false);
+    return work_client_ended(r->work);
+}
 
 static int setup(struct rollout_rank *r, char *err, size_t errlen)
 {
@@ -291,7 +307,7 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
                   ? dataplane_push_open_any(eps, r->env->n_endpoints, &r->env->plane_dp, err, errlen)
                   : dataplane_push_open(eps, r->env->n_endpoints, &r->env->plane_dp, err, errlen);
     if (r->push && r->work)
-        dataplane_push_until(r->push, run_ended, r->work);
+        dataplane_push_until(r->push, between_send_slices, r);
     return r->push ? 0 : -1;
 }
 
@@ -510,6 +526,8 @@ static int send_unit(struct rollout_rank *r, const struct work_grant *g, const s
          * ending meanwhile ends the wait */
         for (int tries = 0;; tries++) {
             rc = dataplane_send(r->push, d, msg, len, counter, 60000, err, errlen);
+            control_wait_poll(r->env->ctl, true); /* held while it waited (between_send_slices): no more */
+            r->said_send_hold = false;
             /* trainer-loss survival: the batch before went to a lead that was lost, and the survivor that leads now
              * refused it (its dispatcher grants the unit anew): that batch is dropped, this one goes */
             if (rc == -2 && r->env->cfg->trainer_survive_trainer_loss && strstr(err, " was not granted to rank ")) {
