@@ -309,20 +309,20 @@ expect "the replay took the same units in the same order with the same versions"
 python3 "$(dirname "$0")/check_fully_async.py" "$TMP/fa/p/e" "$TMP/fa/audit" 2 1 4 >"$TMP/check7.txt" 2>&1
 rc=$?; expect "float64 check of the stopped and resumed run ($(tail -1 "$TMP/check7.txt"))" $rc
 
-# ---- a trainer-bound fully-async run (1 trainer + 1 rollout rank, 4 PPO epochs a step, fast generation): the rollout
-# rank mostly waits for the trainer to take its batch before (back-pressure: the trainer takes the stream's units as
-# its steps need them). A pause holds it there, as at a safe point; it used to wait on the trainer, paused at its own
-# safe point, until the send's minute ran out (CI, 2026-12-07: "1 of 2 workers at a safe point"). Paused and resumed
-# until the rollout rank was held so (it is on nearly every pause; at most 5), every pause complete and no step
-# taken while paused.
+# ---- a trainer-bound fully-async run (1 trainer + 1 rollout rank; each update 0.2 s longer, generation fast): the
+# rollout rank mostly waits for the trainer to take its batch before (back-pressure: the trainer takes the stream's
+# units as its steps need them). A pause holds it there, as at a safe point; it used to wait on the trainer, paused
+# at its own safe point, until the send's minute ran out (CI, 2026-12-07: "1 of 2 workers at a safe point"). Paused
+# and resumed until the rollout rank was held so (it is on nearly every pause; at most 5), every pause complete.
 unset GRPO_TEST_DECODE_SLEEP_S
-MPI_EXTRA=()
+export GRPO_TEST_UPDATE_SLEEP_S=0.2
+MPI_EXTRA=(-x GRPO_TEST_UPDATE_SLEEP_S)
 PLACE=(placement.trainer_ranks=1 placement.rollout_ranks=1)
 STEPS=1000
 start_grpod g8 "${PLACE[@]}"
 NP=2 run fb grpod.endpoint="$EP" grpod.connect_timeout_s=20 data.train_batch_size=0 async_training.require_batches=2 \
-    async_training.staleness_threshold=4 async_training.trigger_parameter_sync_step=2 data.max_response_length=16 \
-    actor_rollout_ref.actor.ppo_epochs=4 trainer.save_freq=-1 &
+    async_training.staleness_threshold=4 async_training.trigger_parameter_sync_step=1 data.max_response_length=16 \
+    trainer.save_freq=-1 &
 MPI_PID=$!
 track "$MPI_PID"
 wait_for 60 step_at_least 3; expect "trainer-bound fully-async run under way" $?
@@ -342,7 +342,9 @@ while [ $pauses -lt 5 ] && ! held_in_send; do
 done
 [ $bad -eq 0 ]; expect "each of the $pauses pause(s) of the trainer-bound run completed, every rank paused" $?
 held_in_send; expect "the rollout rank was held with a unit to send (pause $pauses)" $?
+wait_for 60 step_at_least $(($(status_field .step) + 2)); expect "it goes on after the pauses" $?
 "$GRPOCTL" stop --wait="$(scaled 60)" >"$TMP/stop8.out" 2>&1; expect "stop" $?
 wait "$MPI_PID"; expect "every rank of the trainer-bound run exits 0" $?
 stop_grpod
+unset GRPO_TEST_UPDATE_SLEEP_S
 finish

@@ -955,6 +955,20 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
                          r.update.stats.grad_norm);
 }
 
+/* For the tests only: GRPO_TEST_UPDATE_SLEEP_S=S makes each step's update S seconds longer (a slow trainer, so
+ * that rollout ranks wait for it to take their batches: tests/mpi/test_dist_grpod.sh). */
+static void test_slow_update(void)
+{
+    static double sleep_s = -1;
+    if (sleep_s < 0) {
+        const char *v = getenv("GRPO_TEST_UPDATE_SLEEP_S");
+        sleep_s = v ? strtod(v, NULL) : 0;
+        sleep_s = sleep_s > 0 && sleep_s < 10 ? sleep_s : 0;
+    }
+    if (sleep_s > 0)
+        clock_sleep_s(sleep_s);
+}
+
 /* One GRPO step: the source's batch (local generation, or batches from the rollout ranks), then the update. */
 int trainer_grpo_step(struct trainer *t, struct metrics *m)
 {
@@ -993,6 +1007,7 @@ int trainer_grpo_step(struct trainer *t, struct metrics *m)
         trainer_meet(t); /* waiting for the other DP ranks' data is waiting for data */
         tm.wait_meet = clock_now_s() - t_meet;
         tm.wait_data += tm.wait_meet;
+        test_slow_update();
         rc = train_batch(t, k, &b, &tm, t_step, m);
     }
     step_batch_free(&b);
