@@ -427,6 +427,8 @@ static void reevaluate(struct core *c)
             set_state(c, GRPO__RUN_STATE__RUN_PAUSED, "paused by operator");
         else {
             snprintf(reason, sizeof reason, "pausing: %d of %d workers at a safe point", paused, present);
+            if (c->run.state != GRPO__RUN_STATE__RUN_PAUSING || c->run.pause_asked == 0)
+                c->run.pause_asked = clock_wall_s(); /* how long the pause waits (grpoctl diagnose: hang_pause) */
             set_state(c, GRPO__RUN_STATE__RUN_PAUSING, reason);
         }
         return;

@@ -156,6 +156,7 @@ struct core_run {
     char *config; /* the run's configuration text, its first rank's (Register.run_config); NULL: none sent */
     int world;    /* expected workers; 0 until the first registration says */
     bool pause, stop;
+    double pause_asked; /* when the run began pausing (unix seconds; not journaled: a restart counts from itself) */
     /* who asked for the stop, for the run's end: a worker on a signal (CommandRequest.requester: "SIGTERM on rank
      * 0 (host H) from its launcher, mpirun (pid N)"), else "operator", with grpoctl's --reason in parentheses */
     char stop_by[CORE_REASON_MAX / 2];

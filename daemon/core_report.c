@@ -198,8 +198,11 @@ static void hang_wait_of(const struct core_flight *f, double extra, struct hang_
 int core_hang(const struct core *c, double now, struct hang_finding *out, int max)
 {
     const Grpo__RunState st = c->run.state;
+    /* paused ranks wait for their leader on purpose: a paused run is judged no hang; a pausing one's held ranks'
+     * waits neither (hang_rank.held), and the pause's own wait is (hang_run.pausing_s) */
+    const bool pausing = st == GRPO__RUN_STATE__RUN_PAUSING;
     const bool judged = st == GRPO__RUN_STATE__RUN_RUNNING || st == GRPO__RUN_STATE__RUN_WAITING ||
-                        st == GRPO__RUN_STATE__RUN_STOPPING; /* paused ranks wait for their leader on purpose */
+                        st == GRPO__RUN_STATE__RUN_STOPPING || pausing;
     const int n = judged ? c->nworkers : 0;
     struct hang_rank *r = xcalloc((size_t)(n ? n : 1), sizeof *r);
     struct hang_wait *last = xcalloc((size_t)(n ? n : 1), sizeof *last);
@@ -221,6 +224,7 @@ int core_hang(const struct core *c, double now, struct hang_finding *out, int ma
         r[k].layer = w->layer;
         r[k].backward = w->backward;
         const Grpo__WorkerState ws = w->state;
+        r[k].held = ws == GRPO__WORKER_STATE__WORKER_PAUSED;
         r[k].presence = ws == GRPO__WORKER_STATE__WORKER_STARTING || ws == GRPO__WORKER_STATE__WORKER_RUNNING ||
                                 ws == GRPO__WORKER_STATE__WORKER_PAUSED
                             ? HANG_LIVE
@@ -243,6 +247,10 @@ int core_hang(const struct core *c, double now, struct hang_finding *out, int ma
     if (isfinite(step_s) && HANG_STEPS * step_s > min_wait)
         min_wait = HANG_STEPS * step_s;
     struct hang_run run = {.min_wait_s = min_wait};
+    if (pausing && c->run.pause_asked > 0) {
+        const double wall = c->start_wall + (now - c->start_mono);
+        run.pausing_s = wall > c->run.pause_asked ? wall - c->run.pause_asked : 0;
+    }
     if (missing && st == GRPO__RUN_STATE__RUN_WAITING && first_registered > 0) {
         const double wall = c->start_wall + (now - c->start_mono);
         run.waiting_for_ranks_s = wall > first_registered ? wall - first_registered : 0;
@@ -270,6 +278,10 @@ static const char *hang_knob(enum hang_kind k)
         return "grpoctl stacks RANK (its native stack) and grpoctl trace RANK; trainer.hang_timeout_s and "
                "trainer.hang_action=stop end such a run on their own";
     case HANG_GRANT: return "grpoctl trace of the trainers' rank 0 (the dispatcher's rank); grpoctl stacks";
+    case HANG_PAUSE:
+        return "grpoctl stacks RANK and grpoctl trace RANK show where the rank is; grpoctl resume gives the pause up "
+               "(the run goes on), grpoctl stop ends it at the next safe point; the findings after this one say "
+               "why it does not come";
     default: return "grpoctl stacks and grpoctl trace RANK";
     }
 }
@@ -543,13 +555,14 @@ char *core_metrics_text(const struct core *c, double now)
         put(&t, "grpod_workers{state=\"%s\"} %d\n", core_worker_state_name((Grpo__WorkerState)s), n);
     }
     family(&t, "grpod_run_hang", "gauge",
-           "1 for each kind of hang grpoctl diagnose finds now (a rank has waited grpod.hang_wait_s in one place, or "
-           "start-up has waited that long for a rank to register), 0 for the others.");
+           "1 for each kind of hang grpoctl diagnose finds now (a rank has waited grpod.hang_wait_s in one place, "
+           "start-up has waited that long for a rank to register, or a pause for a rank to reach a safe point), 0 "
+           "for the others.");
     {
         struct hang_finding h[HANG_MAX_FINDINGS];
         const int nh = core_hang(c, now, h, HANG_MAX_FINDINGS);
-        static const enum hang_kind kinds[] = {HANG_UNREGISTERED_RANK, HANG_IO,    HANG_MISMATCH,
-                                               HANG_LAGGARD,           HANG_GRANT, HANG_STUCK};
+        static const enum hang_kind kinds[] = {HANG_UNREGISTERED_RANK, HANG_IO,    HANG_MISMATCH, HANG_LAGGARD,
+                                               HANG_GRANT,             HANG_STUCK, HANG_PAUSE};
         for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
             int found = 0;
             for (int i = 0; i < nh; i++)

@@ -10,7 +10,8 @@
 
 #define MAX_NAMED 8 /* ranks named one by one in a sentence; past it, "and N more" */
 
-static const char *const kind_names[] = {"none", "unregistered", "io", "mismatch", "laggard", "grant", "stuck"};
+static const char *const kind_names[] = {"none",  "unregistered", "io",   "mismatch",
+                                         "laggard", "grant",       "stuck", "pause"};
 
 const char *hang_kind_name(enum hang_kind k)
 {
@@ -477,16 +478,79 @@ static void plane_waits(const struct hang_rank *r, int n, const struct hang_run 
     }
 }
 
-int hang_analyse(const struct hang_rank *ranks, int n, const struct hang_run *run, struct hang_finding *out, int max)
+/* A pause that has waited run->pausing_s (at least min_wait_s) for the ranks that are not held: each named with where
+ * it is. The rank blamed: the only one not held, else the first of them in no wait (the others are likely to wait
+ * for it), else the first. */
+static void pause_waits(const struct hang_rank *r, int n, const struct hang_run *run, struct findings *f)
+{
+    if (run->pausing_s <= 0 || run->pausing_s < run->min_wait_s)
+        return;
+    int who[MAX_NAMED], m = 0, blame = -1, first = -1;
+    for (int i = 0; i < n; i++) {
+        if (r[i].presence != HANG_LIVE || r[i].held)
+            continue;
+        if (m < MAX_NAMED)
+            who[m] = r[i].rank;
+        m++;
+        if (first < 0)
+            first = r[i].rank;
+        if (blame < 0 && !r[i].waiting)
+            blame = r[i].rank;
+    }
+    if (m == 0)
+        return;
+    struct hang_finding *d = add(f, HANG_PAUSE, m == 1 ? first : blame >= 0 ? blame : first, run->pausing_s);
+    if (!d)
+        return;
+    const int named = m < MAX_NAMED ? m : MAX_NAMED;
+    qsort(who, (size_t)named, sizeof *who, cmp_int);
+    char list[256], where[HANG_TEXT_MAX] = "";
+    hang_ranks_text(who, named, list, sizeof list);
+    size_t at = 0;
+    for (int k = 0; k < named && at < sizeof where; k++) {
+        char one[HANG_TEXT_MAX], head[32];
+        const struct hang_rank *x = by_rank(r, n, who[k]);
+        where_text(x, who[k], one, sizeof one); /* "rank N is in ...": with its host after "rank N" */
+        const int hl = snprintf(head, sizeof head, "rank %d", who[k]);
+        const bool named_host = x && x->host[0] && strncmp(one, head, (size_t)hl) == 0;
+        if (named_host)
+            at += (size_t)snprintf(where + at, sizeof where - at, "%s%s (host %s)%s", k ? "; " : "", head, x->host,
+                                   one + hl);
+        else
+            at += (size_t)snprintf(where + at, sizeof where - at, "%s%s", k ? "; " : "", one);
+    }
+    if (m > named && at < sizeof where)
+        snprintf(where + at, sizeof where - at, "; and %d more", m - named);
+    say(d->text, "the pause has waited %.0f s for %s %s%s to reach a safe point: %s", run->pausing_s,
+        m == 1 ? "rank" : "ranks", list, m > named ? " and more" : "", where);
+}
+
+/* A kind's place in the order of the findings: a pause first (why it does not complete), then the kinds in their
+ * order. */
+static int kind_order(enum hang_kind k) { return k == HANG_PAUSE ? -1 : (int)k; }
+
+int hang_analyse(const struct hang_rank *ranks_in, int n, const struct hang_run *run, struct hang_finding *out,
+                 int max)
 {
     struct findings f = {out, 0, max};
     if (max <= 0)
         return 0;
+    /* a held rank waits on purpose (a paused run's ranks wait for their leader): its wait is judged no hang */
+    struct hang_rank *ranks = malloc((size_t)(n > 0 ? n : 1) * sizeof *ranks);
+    if (!ranks)
+        return 0;
+    for (int i = 0; i < n; i++) {
+        ranks[i] = ranks_in[i];
+        if (ranks[i].held)
+            ranks[i].waiting = false;
+    }
+    pause_waits(ranks, n, run, &f);
     bool *covered = calloc((size_t)(n > 0 ? n : 1), sizeof *covered);
     bool *blamed_io = calloc((size_t)(n > 0 ? n : 1), sizeof *blamed_io);
     if (!covered || !blamed_io) {
         free(covered);
         free(blamed_io);
+        free(ranks);
         return 0;
     }
     unregistered(ranks, n, run, &f);
@@ -513,13 +577,15 @@ int hang_analyse(const struct hang_rank *ranks, int n, const struct hang_run *ru
             say(d->text, "no hang: no rank is waiting");
         }
         d->wait = who >= 0 ? ranks[who].wait.seconds : 0;
+        free(ranks);
         return f.n;
     }
+    free(ranks);
     /* worst first: the kinds in their order (a stable insertion sort keeps each kind's order of discovery) */
     for (int i = 1; i < f.n; i++) {
         struct hang_finding x = out[i];
         int j = i;
-        for (; j > 0 && out[j - 1].kind > x.kind; j--)
+        for (; j > 0 && kind_order(out[j - 1].kind) > kind_order(x.kind); j--)
             out[j] = out[j - 1];
         out[j] = x;
     }

@@ -10,6 +10,8 @@
  *   io           a rank stuck in a checkpoint's files, and who waits for it
  *   grant        a rollout rank waiting for a work grant that does not come
  *   unregistered start-up waits for a rank that never registered, named with its host
+ *   pause        a pause asked for has waited that long for ranks that do not reach a safe point: each named with
+ *                where it is (listed first: it answers why the pause does not complete; what follows says why)
  *   stuck        a long wait that fits none of these (every member waits in the same collective: the collective
  *                 itself does not complete)
  *   none         no rank has waited min_wait_s in one place
@@ -62,15 +64,28 @@ struct hang_rank {
     bool waiting; /* wait: the wait it is in now */
     struct hang_wait wait;
     const struct hang_wait *last; /* its newest finished wait; NULL: none */
+    bool held;                    /* paused: held at a safe point, or where it waits on a paused peer (its wait is
+                                     on purpose, and judged no hang) */
 };
 
 struct hang_run {
     double min_wait_s; /* a wait this long in one place, or a start-up this long short of ranks, is a hang */
     /* how long start-up has waited for the unregistered ranks (since the first registration); 0: it does not */
     double waiting_for_ranks_s;
+    /* how long a pause asked for has waited for the ranks that are not held; 0: the run is not pausing */
+    double pausing_s;
 };
 
-enum hang_kind { HANG_NONE, HANG_UNREGISTERED_RANK, HANG_IO, HANG_MISMATCH, HANG_LAGGARD, HANG_GRANT, HANG_STUCK };
+enum hang_kind {
+    HANG_NONE,
+    HANG_UNREGISTERED_RANK,
+    HANG_IO,
+    HANG_MISMATCH,
+    HANG_LAGGARD,
+    HANG_GRANT,
+    HANG_STUCK,
+    HANG_PAUSE
+};
 
 struct hang_finding {
     enum hang_kind kind;
@@ -82,7 +97,7 @@ struct hang_finding {
 /* Judge the ranks: fills out[] (at most max, worst first) and returns how many; always at least one when max > 0
  * (HANG_NONE when no rank has waited min_wait_s). */
 int hang_analyse(const struct hang_rank *ranks, int n, const struct hang_run *run, struct hang_finding *out, int max);
-/* "none", "unregistered", "io", "mismatch", "laggard", "grant", "stuck" */
+/* "none", "unregistered", "io", "mismatch", "laggard", "grant", "stuck", "pause" */
 const char *hang_kind_name(enum hang_kind k);
 /* A wait for people: "all-reduce #1234 of dp (ranks 0-4,6-7)", "checkpoint write of step 40 in /runs/x",
  * "work request to dispatcher at tcp://h:1", with ", layer 12 backward" when where is true. */

@@ -3,7 +3,8 @@
 # grpod, each hang made for real with the test-only keys test.block_at, test.block_rank and test.block_step (a rank
 # blocks for ever at that point):
 #  - laggard: rank 1 blocks entering the update of step 2; rank 0 waits in a collective for it. The verdict names
-#    rank 1, the collective rank 0 waits in (its number in its group) and rank 1's phase;
+#    rank 1, the collective rank 0 waits in (its number in its group) and rank 1's phase; paused then, the run's
+#    pause waits for both: its verdict comes first, naming both ranks and where each is, the laggard after it;
 #  - I/O: rank 0 blocks inside the checkpoint write of step 2; the verdict names rank 0, the write, its step and its
 #    path;
 #  - never registered: rank 1 blocks before registering; the verdict names rank 1 and its host;
@@ -43,6 +44,21 @@ expect "laggard: the status page's /api/status and grpoctl diagnose's text say t
 "$GRPOCTL" metrics >"$TMP/metrics.txt" 2>&1 && has "$TMP/metrics.txt" 'grpod_run_hang{kind="laggard"} 1' &&
     has "$TMP/metrics.txt" 'grpod_run_hang{kind="io"} 0'
 expect "laggard: grpod's metrics say grpod_run_hang{kind=\"laggard\"} 1, and 0 for io" $?
+# paused now, the run cannot reach its safe point: the pause's wait comes first, naming both ranks and where each is,
+# and the laggard behind it follows
+"$GRPOCTL" pause >/dev/null 2>&1; expect "laggard: grpoctl pause is taken" $?
+saw_verdict hang_pause
+expect "laggard + pause: grpoctl diagnose's first finding is hang_pause" $?
+text="$(jq -r '.[0].text' "$TMP/diag.json")"
+echo "     | $text"
+echo "$text" | grep -Eq "^the pause has waited [0-9]+ s for ranks 0-1 to reach a safe point: rank 0 \(host $HOST\) is in [a-z() -]+ #[0-9]+ of [a-z]+ \(ranks 0-1\).*, waiting [0-9]+ s; rank 1 \(host $HOST\) is in phase update_actor, in no wait$"
+expect "laggard + pause: it names both ranks, the collective rank 0 waits in and rank 1's phase" $?
+[ "$(jq -r '.[1].kind' "$TMP/diag.json")" = hang_laggard ] && [ "$(jq -r '.[0].knob' "$TMP/diag.json" | grep -c 'grpoctl resume')" = 1 ]
+expect "laggard + pause: the laggard follows it, and its knob says how to give the pause up" $?
+same_on_page
+expect "laggard + pause: the status page's /api/status and grpoctl diagnose's text say the same" $?
+"$GRPOCTL" metrics >"$TMP/metrics.txt" 2>&1 && has "$TMP/metrics.txt" 'grpod_run_hang{kind="pause"} 1'
+expect "laggard + pause: grpod's metrics say grpod_run_hang{kind=\"pause\"} 1" $?
 kill_tree "$MPI_PID"
 stop_grpod
 

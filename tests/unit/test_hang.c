@@ -1,6 +1,7 @@
 /* The hang verdict (proto/hang.c) on hand-made ranks: a laggard, a mismatch of collective and of number, a
  * mismatch across groups, a rank stuck in I/O, a rollout rank starved of grants, a rank that never registered
- * (named with its host), a collective every member is in, and no hang while the ranks make progress. */
+ * (named with its host), a collective every member is in, a pause that waits for ranks that do not reach a safe
+ * point, and no hang while the ranks make progress. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -252,6 +253,53 @@ static void test_no_hang(void **state)
     has(f[0].text, "rank 1 (host node-b) is gone");
 }
 
+/* A pausing run: the ranks held (paused) wait on purpose, and are judged no hang; the pause that has waited
+ * min_wait_s for the others comes first, naming each with where it is, and the laggard behind it follows. */
+static void test_pause(void **state)
+{
+    (void)state;
+    struct world *W = world(4);
+    /* ranks 2-3 paused, rank 2 held in the broadcast of its leader's word for longer than min_wait_s */
+    W->r[2].held = W->r[3].held = true;
+    waits(W, 2, "broadcast", "trainers", "2-3", 2, 40, 200);
+    /* rank 0 waits for rank 1 in an all-reduce; rank 1 is in the update, in no wait */
+    waits(W, 0, "all-reduce", "dp", "0-1", 2, 12, 45);
+    W->run.pausing_s = 50;
+    struct hang_finding f[HANG_MAX_FINDINGS];
+    int n = judge(W, f);
+    assert_int_equal(n, 2);
+    assert_int_equal(f[0].kind, HANG_PAUSE);
+    assert_int_equal(f[0].rank, 1); /* the one of them in no wait */
+    assert_string_equal(f[0].text, "the pause has waited 50 s for ranks 0-1 to reach a safe point: rank 0 (host "
+                                   "node-a) is in all-reduce #12 of dp (ranks 0-1), layer 3 backward, waiting 45 s; "
+                                   "rank 1 (host node-a) is in phase update_actor, in no wait");
+    assert_int_equal(f[1].kind, HANG_LAGGARD);
+    assert_int_equal(f[1].rank, 1);
+    /* a pause shorter than min_wait_s is no finding; the laggard stays */
+    W->run.pausing_s = 20;
+    n = judge(W, f);
+    assert_int_equal(n, 1);
+    assert_int_equal(f[0].kind, HANG_LAGGARD);
+    /* one rank left: the pause names it alone; nothing else is found (a held rank's long wait is none) */
+    W->r[0].held = true;
+    W->run.pausing_s = 31;
+    n = judge(W, f);
+    assert_int_equal(n, 1);
+    assert_int_equal(f[0].kind, HANG_PAUSE);
+    assert_int_equal(f[0].rank, 1);
+    assert_string_equal(f[0].text, "the pause has waited 31 s for rank 1 to reach a safe point: rank 1 (host node-a) "
+                                   "is in phase update_actor, in no wait");
+    /* the same ranks, not held (a running run): rank 2's wait in the broadcast is a hang */
+    for (int i = 0; i < 4; i++)
+        W->r[i].held = false;
+    W->run.pausing_s = 0;
+    n = judge(W, f);
+    assert_true(n >= 1);
+    assert_int_not_equal(f[0].kind, HANG_PAUSE);
+    assert_int_not_equal(f[0].kind, HANG_NONE);
+    assert_string_equal(hang_kind_name(HANG_PAUSE), "pause");
+}
+
 static void test_parse_ranks(void **state)
 {
     (void)state;
@@ -273,6 +321,7 @@ int main(void)
         cmocka_unit_test(test_io),           cmocka_unit_test(test_grant),
         cmocka_unit_test(test_unregistered), cmocka_unit_test(test_stuck_everyone_in),
         cmocka_unit_test(test_no_hang),      cmocka_unit_test(test_parse_ranks),
+        cmocka_unit_test(test_pause),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
