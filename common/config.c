@@ -696,6 +696,42 @@ int config_lora_targets(const char *list, unsigned *mask, char *why, size_t len)
     return 0;
 }
 
+/* exclude_modules as bits (config_lora_targets'); 0 when empty. 0, or -1 with why. */
+static int exclude_mask(const struct grpo_config *c, unsigned *drop, char *why, size_t len)
+{
+    const char *ex = c->arr_model_exclude_modules;
+    *drop = 0;
+    if (!ex || !ex[0] || strspn(ex, " \t[]'\"") == strlen(ex)) /* empty, or an empty list */
+        return 0;
+    char inner[256];
+    if (config_lora_targets(ex, drop, inner, sizeof inner) != 0 || strstr(ex, "all-linear")) {
+        /* PEFT's other form, a string as a regex, is not taken: name the projections */
+        snprintf(why, len,
+                 KEY_arr_model_exclude_modules " '%s': a regular expression or a module other than a projection "
+                                               "(PEFT's string form) is not available: give a list of projection "
+                                               "names (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+                                               "down_proj), as in target_modules",
+                 ex);
+        return -1;
+    }
+    return 0;
+}
+
+int config_lora_mask(const struct grpo_config *c, unsigned *mask, char *why, size_t len)
+{
+    unsigned drop;
+    if (config_lora_targets(c->arr_model_target_modules, mask, why, len) != 0 || exclude_mask(c, &drop, why, len) != 0)
+        return -1;
+    if (!(*mask & ~drop)) {
+        snprintf(why, len,
+                 KEY_arr_model_exclude_modules " '%s' leaves nothing of " KEY_arr_model_target_modules " '%s' to adapt",
+                 c->arr_model_exclude_modules, c->arr_model_target_modules);
+        return -1;
+    }
+    *mask &= ~drop;
+    return 0;
+}
+
 int config_list_items(const char *list, char **items, int max)
 {
     char *copy = xstrdup(list ? list : ""), *body = copy;
@@ -823,11 +859,15 @@ static int validate_estimator(const struct grpo_config *c, struct cfg_error *err
  * under TP or PP, which need the model to know). */
 static int validate_lora(const struct grpo_config *c, struct cfg_error *err)
 {
+    unsigned mask;
+    char why[512];
+    if (exclude_mask(c, &mask, why, sizeof why) != 0) { /* its form, with or without LoRA */
+        errf(err, "%s: %s", origin_of(c, "actor_rollout_ref.model.exclude_modules"), why);
+        return -1;
+    }
     if (c->arr_model_lora_rank == 0 && !c->arr_model_lora_adapter_path[0])
         return 0;
-    unsigned mask;
-    char why[256];
-    if (config_lora_targets(c->arr_model_target_modules, &mask, why, sizeof why) != 0) {
+    if (config_lora_mask(c, &mask, why, sizeof why) != 0) {
         errf(err, "%s: %s", origin_of(c, "actor_rollout_ref.model.target_modules"), why);
         return -1;
     }

@@ -125,6 +125,9 @@ int config_logger_sinks(const struct grpo_config *c, unsigned *sinks, char *skip
  * q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (the model's enum proj_kind). 0, or -1 with why
  * naming the entry that is none of them. */
 int config_lora_targets(const char *list, unsigned *mask, char *why, size_t len);
+/* A new adapter's projections: target_modules without exclude_modules (the same names; a name there that is none
+ * of them is refused, and so is an exclusion that leaves nothing). 0, or -1 with why naming the key. */
+int config_lora_mask(const struct grpo_config *c, unsigned *mask, char *why, size_t len);
 /* The items of a list value: verl's list form ['a', "b"] or [a, b], or comma-separated, each item's quotes and
  * spaces dropped (an empty item skipped). The count, with up to max items copied into items (malloc'd, the caller
  * frees them); more than max: -1, nothing kept. */

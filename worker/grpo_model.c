@@ -113,7 +113,7 @@ static int model_is_gguf(const char *path)
 static struct tokenizer *load_tokenizer(const char *model)
 {
     char err[1024];
-    struct tokenizer *t = prompt_load_tokenizer(model, NULL, err, sizeof err);
+    struct tokenizer *t = prompt_load_tokenizer(model, NULL, NULL, err, sizeof err);
     if (!t)
         log_error("model", "%s", err);
     return t;

@@ -8,6 +8,7 @@
 #  - rollout TP 2 (split: 1 trainer + 2 rollout ranks as one TP group; colocated: 2 ranks, DP 2 generating as one
 #    TP-2 engine; split also with weight_sync=broadcast) generates with the adapter merged into each TP shard and
 #    reproduces the single-process run too;
+#  - target_modules=all-linear with exclude_modules (verl's, PEFT's) adapts the projections left, as the explicit list;
 #  - (LoRA under training tensor and pipeline parallelism: test_tp_lora.sh.)
 # usage: test_dist_lora.sh (the build's programs by name, tests/lib.sh)
 set -u
@@ -38,6 +39,15 @@ timeout "$(scaled 300)" "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" trainer.de
     placement.trainer_ranks=2 placement.rollout_ranks=1 \
     actor_rollout_ref.actor.megatron.use_distributed_optimizer=true >"$TMP/zero.log" 2>&1
 expect "LoRA with ZeRO-1 over 2 trainer ranks finishes" $?
+
+# verl's exclude_modules (PEFT's): all-linear without k_proj, gate_proj and up_proj is the explicit list of the other
+# runs, on trainers and rollout rank alike
+timeout "$(scaled 300)" "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/exclude" \
+    placement.trainer_ranks=2 placement.rollout_ranks=1 actor_rollout_ref.model.target_modules=all-linear \
+    "actor_rollout_ref.model.exclude_modules=[k_proj,gate_proj,up_proj]" >"$TMP/exclude.log" 2>&1
+expect "LoRA with exclude_modules (1 rollout + 2 trainer ranks) finishes" $?
+grep -q "LoRA: rank 4, alpha 8 (scale 2) on q_proj, v_proj, o_proj, down_proj" "$TMP/exclude.log"
+expect "exclude_modules: the adapter's targets are all-linear's but the excluded" $?
 
 RTP=actor_rollout_ref.rollout.tensor_model_parallel_size
 timeout "$(scaled 300)" "${MPIRUN[@]}" -np 3 "$WORKER" "${COMMON[@]}" trainer.default_local_dir="$TMP/rtp-split" \
@@ -73,7 +83,8 @@ def adapter(run):
         out[k] = array.array("f", data[8 + n + a:8 + n + b])
     return out
 RUNS = (("split", "split"), ("zero", "ZeRO-1"), ("rtp-split", "split rollout TP 2"),
-        ("rtp-bcast", "split rollout TP 2, broadcast"), ("rtp-colo", "colocated rollout TP 2"))
+        ("rtp-bcast", "split rollout TP 2, broadcast"), ("rtp-colo", "colocated rollout TP 2"),
+        ("exclude", "split, all-linear with exclude_modules"))
 one, split, zero = rows("one"), rows("split"), rows("zero")
 assert all(len(rows(run)) == steps for run, _ in RUNS) and len(one) == steps
 for run, name in RUNS:
@@ -115,4 +126,4 @@ python3 -c "import json, sys; r = [json.loads(l) for l in open(sys.argv[1]) if l
 assert [x['training/staleness'] for x in r] == [0, 1, 1], r" "$TMP/async/p/e/metrics.jsonl"
 expect "one-step-off LoRA: staleness 1 after the first step" $?
 
-finish "$TMP"/one.log "$TMP"/split.log "$TMP"/zero.log "$TMP"/async.log "$TMP"/rtp-split.log "$TMP"/rtp-bcast.log "$TMP"/rtp-colo.log
+finish "$TMP"/one.log "$TMP"/exclude.log "$TMP"/split.log "$TMP"/zero.log "$TMP"/async.log "$TMP"/rtp-split.log "$TMP"/rtp-bcast.log "$TMP"/rtp-colo.log

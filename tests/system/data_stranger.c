@@ -399,7 +399,7 @@ static int knowing_stranger(int s, int dp_rank, const char *cred_file, const cha
         }
     char err[1024];
     struct prompt_set train = {0}, val = {0};
-    struct tokenizer *tok = prompt_load_tokenizer(c.arr_model_path, NULL, err, sizeof err);
+    struct tokenizer *tok = prompt_load_tokenizer(c.arr_model_path, NULL, NULL, err, sizeof err);
     if (!tok || prompt_sets_load(&c, tok, NULL, &train, &val, err, sizeof err) != 0) {
         fprintf(stderr, "data_stranger: %s\n", err);
         return 2;

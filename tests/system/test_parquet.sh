@@ -3,6 +3,7 @@
 # into the cache by scripts/parquet_to_jsonl.py and a short GRPO run on a tiny model trains on it; a second run
 # uses the cached copy (not rewritten), a touched file is converted again; a corrupt file, a file without a
 # prompt column, a bad row and a python without pyarrow are errors that name the parquet file, exit 2, no crash.
+# A run with actor_rollout_ref.model.custom_chat_template renders its prompts with that template.
 # Usage: test_parquet.sh   (from the source root; the build's programs by name, tests/lib.sh). Exit 77 (skipped)
 # when the pyarrow venv of scripts/parquet_env.sh cannot be made (no network).
 set -u
@@ -95,6 +96,30 @@ expect "a second run finishes (rc $rc)" $rc
 says "$TMP/second.out" "data: $TMP/gsm8k.parquet: using its converted copy $copy"; expect "it uses the cache" $?
 ! grep -q "data: converted" "$TMP/second.out"; expect "no conversion the second time" $?
 [ "$(stat -c '%i %y' "$copy")" = "$before" ]; expect "the cache file is not rewritten" $?
+
+# --- actor_rollout_ref.model.custom_chat_template (verl's key): the prompts are rendered with it instead of the
+# model's template; the trajectories written (trainer.rollout_data_dir) hold the rendering, checked against the rows'
+# messages put together by hand. A template that cannot render is refused at start, naming the key.
+tpl='{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<|reply|>{% endif %}'
+run custom . data.train_files="$TMP/gsm8k.parquet" "actor_rollout_ref.model.custom_chat_template=$tpl" \
+    trainer.rollout_data_dir="$TMP/custom-audit"
+expect "a run with custom_chat_template finishes (rc $rc)" $rc
+"$py" - "$TMP/gsm8k.parquet" "$TMP/custom-audit" <<'PY'
+import glob, json, sys
+import pyarrow.parquet as pq
+rows = pq.read_table(sys.argv[1]).to_pylist()
+want = {"".join(f"<|{m['role']}|>{m['content']}" for m in r["prompt"]) + "<|reply|>" for r in rows}
+seen = [json.loads(l)["prompt"] for f in sorted(glob.glob(sys.argv[2] + "/*.jsonl")) for l in open(f)]
+assert seen, "no trajectories written"
+for p in seen:
+    assert p in want, f"a prompt not rendered with the custom template: {p[:200]!r}"
+print(f"{len(seen)} trajectories, each prompt rendered with the custom template")
+PY
+expect "every prompt of the trajectories is the custom template's rendering of its row's messages" $?
+run badtpl . data.train_files="$TMP/gsm8k.parquet" "actor_rollout_ref.model.custom_chat_template={% for m in messages %}"
+[ $rc -eq 2 ]; expect "an unclosed template: exit 2 (got $rc)" $?
+says "$TMP/badtpl.out" "actor_rollout_ref.model.custom_chat_template: "; expect "the error names the key" $?
+! crashed "$TMP/badtpl.out"; expect "no crash" $?
 
 # --- an edited file (new modification time) is converted again, from another directory (the converter is
 # found beside the executable, ../../scripts/)

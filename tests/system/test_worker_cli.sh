@@ -77,8 +77,8 @@ expect "verl's GSM8K example runs unchanged" $?
 [ "$(grep -c '^#   ' "$TMP/verl")" -eq 6 ]; expect "its 6 keys for verl's machinery are listed with the reason" $?
 [ -z "$(grep -E '^[a-z_]+:' "$TMP/verl" | sort | uniq -d)" ]; expect "--print-config prints each top-level block once" $?
 has "$TMP/verl" 'logger: ["console", "wandb"]'; expect "trainer.logger keeps verl's list, printed as a YAML list" $?
-"$worker" --print-config "actor_rollout_ref.model.custom_chat_template={{x}}" >"$TMP/mt" 2>&1
-[ $? -eq 2 ] && has "$TMP/mt" "custom_chat_template={{x}}: a chat template other than the model's"
+"$worker" --print-config "actor_rollout_ref.rollout.single_turn_response_length=4096" >"$TMP/mt" 2>&1
+[ $? -eq 2 ] && has "$TMP/mt" "single_turn_response_length=4096: a per-turn response budget in multi-turn rollouts"
 expect "a verl feature we lack is refused by name (exit 2)" $?
 
 # when OpenBLAS chose older kernels than the CPU runs, the worker runs itself again with better ones

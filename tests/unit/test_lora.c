@@ -670,6 +670,30 @@ static void test_config_keys(void **state)
     assert_non_null(strstr(err.msg, "x_proj"));
     assert_int_equal(config_apply_override(&c, "actor_rollout_ref.model.target_modules=[q_proj,v_proj]", &err), 0);
     assert_int_equal(config_validate(&c, &err), 0);
+    /* exclude_modules (verl's, PEFT's list form): target_modules without them; a regular expression is refused,
+     * and so is an exclusion that leaves nothing */
+    unsigned mask;
+    char why[512];
+    assert_int_equal(config_lora_mask(&c, &mask, why, sizeof why), 0);
+    assert_int_equal(mask, 1u | 4u);
+    assert_int_equal(config_apply_override(&c, "actor_rollout_ref.model.target_modules=all-linear", &err), 0);
+    assert_int_equal(config_apply_override(&c, "actor_rollout_ref.model.lora.exclude_modules=['o_proj', down_proj]",
+                                           &err),
+                     0);
+    assert_int_equal(config_validate(&c, &err), 0);
+    assert_int_equal(config_lora_mask(&c, &mask, why, sizeof why), 0);
+    assert_int_equal(mask, 0x7fu & ~(8u | 64u));
+    assert_int_equal(config_apply_override(&c, "actor_rollout_ref.model.exclude_modules=.*visual.*", &err), 0);
+    assert_int_equal(config_validate(&c, &err), -1);
+    assert_non_null(strstr(err.msg, "actor_rollout_ref.model.exclude_modules '.*visual.*': a regular expression"));
+    assert_non_null(strstr(err.msg, "not available"));
+    assert_int_equal(config_apply_override(&c, "actor_rollout_ref.model.target_modules=[o_proj]", &err), 0);
+    assert_int_equal(config_apply_override(&c, "actor_rollout_ref.model.exclude_modules=[o_proj]", &err), 0);
+    assert_int_equal(config_validate(&c, &err), -1);
+    assert_non_null(strstr(err.msg, "leaves nothing of actor_rollout_ref.model.target_modules '[o_proj]'"));
+    assert_int_equal(config_apply_override(&c, "actor_rollout_ref.model.exclude_modules=null", &err), 0);
+    assert_int_equal(config_apply_override(&c, "actor_rollout_ref.model.target_modules=[q_proj,v_proj]", &err), 0);
+    assert_int_equal(config_validate(&c, &err), 0);
     assert_int_equal(config_apply_override(&c, "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2", &err),
                      0);
     assert_int_equal(config_apply_override(&c, "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2", &err),

@@ -69,7 +69,7 @@ static void test_truncation_modes(void **state)
 {
     (void)state;
     char err[1024];
-    struct tokenizer *tok = prompt_load_tokenizer(TOK_DIR, NULL, err, sizeof err);
+    struct tokenizer *tok = prompt_load_tokenizer(TOK_DIR, NULL, NULL, err, sizeof err);
     assert_non_null(tok);
     /* the whole encodings, with a limit they fit */
     struct prompt_set full, fv;
@@ -131,7 +131,7 @@ static void test_column_keys(void **state)
           "\"src\": \"openai/gsm8k\"}\n",
           f);
     fclose(f);
-    struct tokenizer *tok = prompt_load_tokenizer(TOK_DIR, NULL, err, sizeof err);
+    struct tokenizer *tok = prompt_load_tokenizer(TOK_DIR, NULL, NULL, err, sizeof err);
     assert_non_null(tok);
     struct grpo_config c;
     config_init(&c);
@@ -187,7 +187,7 @@ static void test_chat_kwargs_reach_template(void **state)
                       "{{ date_string | default('no date') }}");
     const struct chat_message msgs[] = {{"user", "What is 2 + 2?"}};
     struct tokenizer *tok =
-        prompt_load_tokenizer(dir, "{\"enable_thinking\":false,\"date_string\":\"26 Jul 2024\"}", err, sizeof err);
+        prompt_load_tokenizer(dir, "{\"enable_thinking\":false,\"date_string\":\"26 Jul 2024\"}", NULL, err, sizeof err);
     if (!tok)
         fail_msg("%s", err);
     char *text = tokenizer_apply_chat_template(tok, msgs, 1, true, err, sizeof err);
@@ -196,15 +196,54 @@ static void test_chat_kwargs_reach_template(void **state)
     assert_string_equal(text, "[user] What is 2 + 2?\n(no thinking)26 Jul 2024");
     free(text);
     tokenizer_free(tok);
-    tok = prompt_load_tokenizer(dir, "{}", err, sizeof err);
+    tok = prompt_load_tokenizer(dir, "{}", NULL, err, sizeof err);
     assert_non_null(tok);
     text = tokenizer_apply_chat_template(tok, msgs, 1, true, err, sizeof err);
     assert_non_null(text);
     assert_string_equal(text, "[user] What is 2 + 2?\nno date");
     free(text);
     tokenizer_free(tok);
-    assert_null(prompt_load_tokenizer(dir, "[1]", err, sizeof err));
+    assert_null(prompt_load_tokenizer(dir, "[1]", NULL, err, sizeof err));
     assert_non_null(strstr(err, "data.apply_chat_template_kwargs"));
+    must_rm_rf(dir);
+}
+
+/* actor_rollout_ref.model.custom_chat_template replaces the model's template (verl's tokenizer.chat_template = ...),
+ * with data.apply_chat_template_kwargs reaching it too; a template that cannot render is refused at load, naming the
+ * key. */
+static void test_custom_chat_template(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/grpo_chatcustom_XXXXXX", err[1024];
+    template_dir(dir, "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}");
+    const struct chat_message msgs[] = {{"system", "Be brief."}, {"user", "What is 2 + 2?"}};
+    struct tokenizer *tok = prompt_load_tokenizer(
+        dir, "{\"tag\":\"math\"}",
+        "{% for m in messages %}<|{{ m.role }}|>{{ m.content | upper }}{% if not loop.last %} {% endif %}"
+        "{% endfor %}{% if add_generation_prompt %}<|assistant:{{ tag }}|>{% endif %}",
+        err, sizeof err);
+    if (!tok)
+        fail_msg("%s", err);
+    char *text = tokenizer_apply_chat_template(tok, msgs, 2, true, err, sizeof err);
+    if (!text)
+        fail_msg("%s", err);
+    assert_string_equal(text, "<|system|>BE BRIEF. <|user|>WHAT IS 2 + 2?<|assistant:math|>");
+    free(text);
+    tokenizer_free(tok);
+    /* empty: the model's own */
+    tok = prompt_load_tokenizer(dir, NULL, "", err, sizeof err);
+    assert_non_null(tok);
+    text = tokenizer_apply_chat_template(tok, msgs + 1, 1, true, err, sizeof err);
+    assert_non_null(text);
+    assert_string_equal(text, "[user] What is 2 + 2?\n");
+    free(text);
+    tokenizer_free(tok);
+    /* an unclosed block, and one that raises: refused at load, by the key's name */
+    assert_null(prompt_load_tokenizer(dir, NULL, "{% for m in messages %}{{ m.content }}", err, sizeof err));
+    assert_non_null(strstr(err, "actor_rollout_ref.model.custom_chat_template: "));
+    assert_null(prompt_load_tokenizer(dir, NULL, "{{ raise_exception('no system prompt here') }}", err, sizeof err));
+    assert_non_null(strstr(err, "actor_rollout_ref.model.custom_chat_template: "));
+    assert_non_null(strstr(err, "no system prompt here"));
     must_rm_rf(dir);
 }
 
@@ -230,7 +269,7 @@ static void test_agent_columns(void **state)
           "\"data_source\": \"arithmetic\"}\n",
           f);
     fclose(f);
-    struct tokenizer *tok = prompt_load_tokenizer(dir, NULL, err, sizeof err);
+    struct tokenizer *tok = prompt_load_tokenizer(dir, NULL, NULL, err, sizeof err);
     assert_non_null(tok);
     struct grpo_config c;
     config_init(&c);
@@ -274,6 +313,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_truncation_modes, setup, teardown),
         cmocka_unit_test(test_column_keys),
         cmocka_unit_test(test_chat_kwargs_reach_template),
+        cmocka_unit_test(test_custom_chat_template),
         cmocka_unit_test(test_agent_columns),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -81,8 +81,8 @@ int lora_attach_config(struct model *m, const struct grpo_config *cfg, const cha
             return -1;
     } else if (cfg->arr_model_lora_rank > 0) {
         struct lora_config c = {.rank = (int)cfg->arr_model_lora_rank, .alpha = cfg->arr_model_lora_alpha};
-        char why[256];
-        if (config_lora_targets(cfg->arr_model_target_modules, &c.targets, why, sizeof why) != 0)
+        char why[512];
+        if (config_lora_mask(cfg, &c.targets, why, sizeof why) != 0)
             return ERR("%s", why);
         c.router = lora_names_all_linear(cfg->arr_model_target_modules);
         if (lora_attach(m, &c, err, errlen) != 0)

@@ -96,7 +96,7 @@ struct reward_model *reward_model_load(const char *dir, char *err, size_t errlen
     if (!tf)
         return rm;
     fclose(tf);
-    rm->tok = prompt_load_tokenizer(dir, NULL, err, errlen);
+    rm->tok = prompt_load_tokenizer(dir, NULL, NULL, err, errlen);
     if (!rm->tok)
         goto fail;
     if (tokenizer_token_id(rm->tok, "<|im_end|>") >= 0)

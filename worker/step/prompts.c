@@ -20,7 +20,8 @@ static bool is_gguf(const char *path)
     return n > 5 && strcmp(path + n - 5, ".gguf") == 0;
 }
 
-struct tokenizer *prompt_load_tokenizer(const char *model_path, const char *chat_kwargs, char *err, size_t errlen)
+struct tokenizer *prompt_load_tokenizer(const char *model_path, const char *chat_kwargs, const char *custom_template,
+                                        char *err, size_t errlen)
 {
     struct tokenizer *t = NULL;
     if (is_gguf(model_path)) {
@@ -41,6 +42,20 @@ struct tokenizer *prompt_load_tokenizer(const char *model_path, const char *chat
             tokenizer_free(t);
             return NULL;
         }
+    }
+    if (t && custom_template && custom_template[0]) {
+        /* tried at once on a one-message conversation: a template that cannot render fails here, by name, not at
+         * the first prompt of a step */
+        tokenizer_set_chat_template(t, custom_template);
+        const struct chat_message probe = {"user", "hello"};
+        char why[1024];
+        char *text = tokenizer_apply_chat_template(t, &probe, 1, true, why, sizeof why);
+        if (!text) {
+            error_set(err, errlen, KEY_arr_model_custom_chat_template ": %s", why);
+            tokenizer_free(t);
+            return NULL;
+        }
+        free(text);
     }
     return t;
 }

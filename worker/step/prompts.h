@@ -33,7 +33,8 @@ struct prompt_set {
 /* The tokenizer of a model path: DIR/tokenizer.json (+ tokenizer_config.json's or chat_template.jinja's chat
  * template) or a .gguf's metadata, with chat_kwargs (a JSON object: data.apply_chat_template_kwargs; NULL or
  * "{}": none) as its template's extra variables. NULL with err. */
-struct tokenizer *prompt_load_tokenizer(const char *model_path, const char *chat_kwargs, char *err, size_t errlen);
+struct tokenizer *prompt_load_tokenizer(const char *model_path, const char *chat_kwargs, const char *custom_template,
+                                        char *err, size_t errlen);
 /* Load the training and validation prompts the configuration names and encode them. A prompt longer than
  * data.max_prompt_length is an error naming it. With tools_json (multi-turn rollouts: a JSON array of tool
  * schemas), the prompts of tool agents (agent_name tool_agent, or no agent_name when multi_turn.enable or

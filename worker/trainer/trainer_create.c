@@ -483,7 +483,8 @@ static int setup_lora_ref_tokenizer(struct trainer *t, const char *model_path, c
     if ((cfg->actor_use_kl_loss || cfg->alg_use_kl_in_reward) && !t->policy->lora) {
         t->ref = model_clone(t->policy); /* with LoRA the reference is the base: the policy, adapter bypassed */
     }
-    t->tok = prompt_load_tokenizer(model_path, cfg->data_apply_chat_template_kwargs, err, errlen);
+    t->tok = prompt_load_tokenizer(model_path, cfg->data_apply_chat_template_kwargs,
+                                   cfg->arr_model_custom_chat_template, err, errlen);
     if (!t->tok)
         return -1;
     return 0;
