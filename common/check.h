@@ -55,5 +55,6 @@ const char *check_errno_text(void);
 #define xcalloc(count, size) check_alloc_impl(calloc((count), (size)), __FILE__, __LINE__, "calloc")
 #define xrealloc(p, n) check_alloc_impl(realloc((p), (n)), __FILE__, __LINE__, "realloc")
 #define xstrdup(s) ((char *)check_alloc_impl(strdup(s), __FILE__, __LINE__, "strdup"))
+#define xstrndup(s, n) ((char *)check_alloc_impl(strndup((s), (n)), __FILE__, __LINE__, "strndup"))
 
 #endif

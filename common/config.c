@@ -1114,6 +1114,14 @@ int config_validate(const struct grpo_config *c, struct cfg_error *err)
 {
     if (validate_async(c, err) != 0)
         return -1;
+    if (c->trainer_val_only && !c->trainer_val_before_train) {
+        errf(err,
+             "%s: " KEY_trainer_val_only "=true with " KEY_trainer_val_before_train "=false would train (verl "
+             "validates only before training, and val_only ends the run there): set " KEY_trainer_val_before_train
+             "=true",
+             origin_of(c, "trainer.val_only"));
+        return -1;
+    }
     if (validate_lora(c, err) != 0 || validate_sp(c, err) != 0 || validate_micro(c, err) != 0)
         return -1;
     unsigned sinks;

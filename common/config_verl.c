@@ -297,8 +297,6 @@ static const struct verl_key g_verl[] = {
     NOTED("trainer.max_critic_ckpt_to_keep", NO_CRITIC),
     NOTED("trainer.use_legacy_worker_impl", RAY),
     NOTED("trainer.log_val_generations", "validation generations go to the rollout audit files"),
-    REFUSED("trainer.validation_data_dir", "a separate dump of validation generations (not available yet)"),
-    OFF_ONLY("trainer.val_only", "false", "training runs", "a validation-only run (not available yet)"),
     NOTED("ray_init.*", RAY),
     NOTED("ray_kwargs.*", RAY),
     NOTED("transfer_queue.*", "data moves over this project's data plane"),

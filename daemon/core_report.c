@@ -561,8 +561,8 @@ char *core_metrics_text(const struct core *c, double now)
     {
         struct hang_finding h[HANG_MAX_FINDINGS];
         const int nh = core_hang(c, now, h, HANG_MAX_FINDINGS);
-        static const enum hang_kind kinds[] = {HANG_UNREGISTERED_RANK, HANG_IO,    HANG_MISMATCH, HANG_LAGGARD,
-                                               HANG_GRANT,             HANG_STUCK, HANG_PAUSE};
+        static const enum hang_kind kinds[] = {
+            HANG_UNREGISTERED_RANK, HANG_IO, HANG_MISMATCH, HANG_LAGGARD, HANG_GRANT, HANG_STUCK, HANG_PAUSE};
         for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
             int found = 0;
             for (int i = 0; i < nh; i++)

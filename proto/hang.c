@@ -10,8 +10,8 @@
 
 #define MAX_NAMED 8 /* ranks named one by one in a sentence; past it, "and N more" */
 
-static const char *const kind_names[] = {"none",  "unregistered", "io",   "mismatch",
-                                         "laggard", "grant",       "stuck", "pause"};
+static const char *const kind_names[] = {"none",    "unregistered", "io",    "mismatch",
+                                         "laggard", "grant",        "stuck", "pause"};
 
 const char *hang_kind_name(enum hang_kind k)
 {
@@ -529,8 +529,7 @@ static void pause_waits(const struct hang_rank *r, int n, const struct hang_run 
  * order. */
 static int kind_order(enum hang_kind k) { return k == HANG_PAUSE ? -1 : (int)k; }
 
-int hang_analyse(const struct hang_rank *ranks_in, int n, const struct hang_run *run, struct hang_finding *out,
-                 int max)
+int hang_analyse(const struct hang_rank *ranks_in, int n, const struct hang_run *run, struct hang_finding *out, int max)
 {
     struct findings f = {out, 0, max};
     if (max <= 0)

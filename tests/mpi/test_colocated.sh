@@ -6,7 +6,8 @@
 #    layers on each rank; TP2 training generating in place as one TP2 engine; DP2 x TP2 training generating as one
 #    TP4 engine across both model copies): per-step losses, grad norms and
 #    entropies, and the weights after two GRPO steps, within 1e-5 relative;
-#  - validation shared by the engines, with one process's rewards;
+#  - validation shared by the engines, with one process's rewards; trainer.validation_data_dir's file (rank 0 writes
+#    every engine's responses) is one process's;
 #  - the weights resharded into the generation layout, bytes and time logged (timing_s/update_weights,
 #    perf/update_weights_bytes: the whole model gathered and broadcast over a model copy, nothing where the
 #    layouts agree);
@@ -34,7 +35,8 @@ colo() {
     "${MPIRUN[@]}" -np "$ranks" "$WORKER" $(common "$model") trainer.default_local_dir="$TMP/$name" \
         trainer.nnodes=1 trainer.n_gpus_per_node="$ranks" \
         actor_rollout_ref.actor.megatron.tensor_model_parallel_size="$tp" \
-        actor_rollout_ref.actor.megatron.pipeline_model_parallel_size="$pp" "$@" >"$TMP/$name.log" 2>&1
+        actor_rollout_ref.actor.megatron.pipeline_model_parallel_size="$pp" trainer.validation_data_dir="$TMP/$name/val" \
+        "$@" >"$TMP/$name.log" 2>&1
 }
 metric() { python3 -c "import json,sys; print(max(r.get(sys.argv[2], -1) for r in map(json.loads, open(sys.argv[1]))))" \
     "$TMP/$1/p/e/metrics.jsonl" "$2"; }
@@ -48,7 +50,8 @@ equivalent() { # NAME MODEL: the run against one process
 
 for model in llama qwen2 qwen3; do
     # shellcheck disable=SC2046
-    "$WORKER" $(common $model) trainer.default_local_dir="$TMP/one-$model" >"$TMP/one-$model.log" 2>&1
+    "$WORKER" $(common $model) trainer.default_local_dir="$TMP/one-$model" \
+        trainer.validation_data_dir="$TMP/one-$model/val" >"$TMP/one-$model.log" 2>&1
     expect "$model: single-process run finishes" $?
 done
 
@@ -77,6 +80,25 @@ assert [r["step"] for r in v] == [0, 2] and all(r["timing_s/testing"] > 0 for r 
 print("ok")
 PY
 expect "validation shared by the engines (two chunks of data.val_batch_size 2) at steps 0 and 2, the same rewards as one process" $?
+# trainer.validation_data_dir (verl's dump): rank 0 writes every engine's responses, in one process's order; before
+# training (the same weights) the file is one process's byte for byte; each line's score makes the logged mean
+python3 - "$TMP/one-llama" "$TMP/dp2-llama" <<'PY'
+import json, sys
+one, dp2 = sys.argv[1], sys.argv[2]
+assert open(f"{dp2}/val/0.jsonl", "rb").read() == open(f"{one}/val/0.jsonl", "rb").read(), "step 0 dumps differ"
+for run in (one, dp2):
+    logged = {r["step"]: r for r in map(json.loads, open(f"{run}/p/e/metrics.jsonl")) if "val-core/arithmetic/reward/mean@1" in r}
+    for step in (0, 2):
+        lines = [json.loads(l) for l in open(f"{run}/val/{step}.jsonl")]
+        assert len(lines) == 4 and all(x["step"] == step and x["data_source"] == "arithmetic" for x in lines), lines
+        assert all(set(x) >= {"input", "output", "gts", "score", "step"} for x in lines), lines[0]
+        mean = sum(x["score"] for x in lines) / len(lines)
+        assert abs(mean - logged[step]["val-core/arithmetic/reward/mean@1"]) < 1e-9, (run, step, mean, logged[step])
+a, b = ([json.loads(l) for l in open(f"{r}/val/2.jsonl")] for r in (one, dp2))
+assert [(x["input"], x["gts"]) for x in a] == [(x["input"], x["gts"]) for x in b], "step 2: prompts out of order"
+print("ok")
+PY
+expect "validation_data_dir: rank 0 writes both engines' responses in one process's order (step 0: one process's file), each score in the logged mean" $?
 grep -q "2 colocated ranks: training DP 2 x TP 1 x PP 1; generating in 2 engine(s) of 1 rank(s)" "$TMP/dp2-llama.log" &&
     grep -q "generation uses the training weights in place" "$TMP/dp2-llama.log"
 expect "DP2: two engines of one rank, generating with the training weights in place" $?

@@ -3,7 +3,8 @@
 # into the cache by scripts/parquet_to_jsonl.py and a short GRPO run on a tiny model trains on it; a second run
 # uses the cached copy (not rewritten), a touched file is converted again; a corrupt file, a file without a
 # prompt column, a bad row and a python without pyarrow are errors that name the parquet file, exit 2, no crash.
-# A run with actor_rollout_ref.model.custom_chat_template renders its prompts with that template.
+# A run with actor_rollout_ref.model.custom_chat_template renders its prompts with that template; validation's
+# responses are written (trainer.validation_data_dir), and a val_only run on the checkpoint reproduces them.
 # Usage: test_parquet.sh   (from the source root; the build's programs by name, tests/lib.sh). Exit 77 (skipped)
 # when the pyarrow venv of scripts/parquet_env.sh cannot be made (no network).
 set -u
@@ -120,6 +121,30 @@ run badtpl . data.train_files="$TMP/gsm8k.parquet" "actor_rollout_ref.model.cust
 [ $rc -eq 2 ]; expect "an unclosed template: exit 2 (got $rc)" $?
 says "$TMP/badtpl.out" "actor_rollout_ref.model.custom_chat_template: "; expect "the error names the key" $?
 ! crashed "$TMP/badtpl.out"; expect "no crash" $?
+
+# --- trainer.validation_data_dir and trainer.val_only (verl's): a 2-step run validates at its end into DIR/2.jsonl;
+# launched again on its directory with val_only it resumes at step 2, validates and trains nothing: its 2.jsonl is
+# the first run's byte for byte (the same weights, the same seed), and no step 3 is taken
+run valtrain . data.train_files="$TMP/gsm8k.parquet" data.val_files="$TMP/gsm8k.parquet" \
+    trainer.default_local_dir="$TMP/valrun" trainer.validation_data_dir="$TMP/vd1"
+expect "a 2-step run with validation_data_dir finishes (rc $rc)" $rc
+[ "$(wc -l <"$TMP/vd1/2.jsonl")" -eq 8 ] && python3 -c "import json,sys; \
+l = [json.loads(x) for x in open(sys.argv[1])]; \
+assert all(set(x) >= {'input', 'output', 'gts', 'score', 'step'} and x['step'] == 2 for x in l), l[0]" "$TMP/vd1/2.jsonl"
+expect "its validation at step 2 is written: 8 lines with verl's fields" $?
+run valonly . data.train_files="$TMP/gsm8k.parquet" data.val_files="$TMP/gsm8k.parquet" \
+    trainer.default_local_dir="$TMP/valrun" trainer.validation_data_dir="$TMP/vd2" trainer.val_only=true \
+    trainer.val_before_train=true trainer.total_training_steps=4
+expect "launched again with val_only, it finishes (rc $rc)" $rc
+says "$TMP/valonly.out" "trainer.val_only: validated at step 2; nothing is trained"; expect "it says so" $?
+cmp -s "$TMP/vd1/2.jsonl" "$TMP/vd2/2.jsonl"; expect "val_only reproduces the step-2 validation byte for byte" $?
+[ -z "$(find "$TMP/valrun" -name global_step_3)" ] && python3 -c "import json,sys; \
+s = [json.loads(x)['step'] for x in open(sys.argv[1])]; assert max(s) == 2 and s.count(2) == 2, s" \
+    "$(find "$TMP/valrun" -name metrics.jsonl)"
+expect "no step 3 is taken; the validation is logged at step 2" $?
+run valonly2 . data.train_files="$TMP/gsm8k.parquet" trainer.val_only=true
+[ $rc -eq 2 ] && says "$TMP/valonly2.out" "trainer.val_only=true with trainer.val_before_train=false would train"
+expect "val_only without val_before_train is refused, saying why (exit 2)" $?
 
 # --- an edited file (new modification time) is converted again, from another directory (the converter is
 # found beside the executable, ../../scripts/)

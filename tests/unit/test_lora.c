@@ -677,9 +677,8 @@ static void test_config_keys(void **state)
     assert_int_equal(config_lora_mask(&c, &mask, why, sizeof why), 0);
     assert_int_equal(mask, 1u | 4u);
     assert_int_equal(config_apply_override(&c, "actor_rollout_ref.model.target_modules=all-linear", &err), 0);
-    assert_int_equal(config_apply_override(&c, "actor_rollout_ref.model.lora.exclude_modules=['o_proj', down_proj]",
-                                           &err),
-                     0);
+    assert_int_equal(
+        config_apply_override(&c, "actor_rollout_ref.model.lora.exclude_modules=['o_proj', down_proj]", &err), 0);
     assert_int_equal(config_validate(&c, &err), 0);
     assert_int_equal(config_lora_mask(&c, &mask, why, sizeof why), 0);
     assert_int_equal(mask, 0x7fu & ~(8u | 64u));

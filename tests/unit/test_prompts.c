@@ -186,8 +186,8 @@ static void test_chat_kwargs_reach_template(void **state)
                       "{% if enable_thinking is defined and not enable_thinking %}(no thinking){% endif %}"
                       "{{ date_string | default('no date') }}");
     const struct chat_message msgs[] = {{"user", "What is 2 + 2?"}};
-    struct tokenizer *tok =
-        prompt_load_tokenizer(dir, "{\"enable_thinking\":false,\"date_string\":\"26 Jul 2024\"}", NULL, err, sizeof err);
+    struct tokenizer *tok = prompt_load_tokenizer(dir, "{\"enable_thinking\":false,\"date_string\":\"26 Jul 2024\"}",
+                                                  NULL, err, sizeof err);
     if (!tok)
         fail_msg("%s", err);
     char *text = tokenizer_apply_chat_template(tok, msgs, 1, true, err, sizeof err);

@@ -11,6 +11,7 @@
 #include "common/config.h"
 #include "validate.h"
 #include "worker/metrics/metrics.h"
+#include "worker/step/audit.h"
 
 /* Responses per prompt and the sampling of validation: greedy, or actor_rollout_ref.rollout.val_kwargs. */
 static int val_sampling(const struct grpo_config *c, struct sampler_params *sp)
@@ -30,7 +31,7 @@ int gen_validate_n(const struct grpo_config *c)
 }
 
 int gen_validate_part(const struct gen_ctx *train_rc, const struct prompt_set *val, uint64_t seed, int part, int parts,
-                      struct val_score **out)
+                      struct val_score **out, char ***texts)
 {
     struct gen_ctx vrc = *train_rc; /* validation scores the responses alone: no baseline, no components */
     vrc.greedy_baseline = vrc.reward_parts = false;
@@ -57,11 +58,16 @@ int gen_validate_part(const struct gen_ctx *train_rc, const struct prompt_set *v
         free(uids);
     }
     *out = xmalloc((size_t)(b.n_seq ? b.n_seq : 1) * sizeof **out);
-    for (int i = 0; i < b.n_seq; i++)
+    if (texts)
+        *texts = xmalloc((size_t)(b.n_seq ? b.n_seq : 1) * sizeof **texts);
+    for (int i = 0; i < b.n_seq; i++) {
         (*out)[i] = (struct val_score){.prompt = first[b.seqs[i].group],
                                        .sample = (double)(b.seqs[i].gidx % n),
                                        .raw_score = b.seqs[i].raw_score,
                                        .acc = b.seqs[i].acc};
+        if (texts)
+            (*texts)[i] = xstrdup(b.resp_text && b.resp_text[i] ? b.resp_text[i] : "");
+    }
     const int n_seq = b.n_seq;
     step_batch_free(&b);
     free(prompts), free(first);
@@ -130,13 +136,64 @@ void gen_validate_report(const struct grpo_config *c, const struct prompt_set *v
     metrics_set(m, "timing_s/testing", seconds);
 }
 
-void gen_validate(const struct gen_ctx *rc, const struct prompt_set *val, uint64_t seed, struct metrics *m)
+/* A response's place in the dump: its score (first: by_prompt orders these) and its index in the parts' order. */
+struct dump_at {
+    struct val_score v;
+    int i;
+};
+
+void gen_validate_dump(const char *dir, int64_t step, const struct prompt_set *val, const struct val_score *s,
+                       char *const *texts, int n)
+{
+    if (!dir || !*dir || n <= 0)
+        return;
+    struct dump_at *order = xmalloc((size_t)n * sizeof *order);
+    for (int i = 0; i < n; i++)
+        order[i] = (struct dump_at){s[i], i};
+    qsort(order, (size_t)n, sizeof *order, by_prompt); /* by prompt, then sample: the order one process makes */
+    char **lines = xmalloc((size_t)n * sizeof *lines);
+    size_t *lens = xmalloc((size_t)n * sizeof *lens);
+    for (int k = 0; k < n; k++) {
+        const int i = order[k].i;
+        const struct prompt_item *p = &val->items[(int)s[i].prompt];
+        json_t *o = json_object();
+        json_object_set_new(o, "input", audit_json_text(p->text ? p->text : ""));
+        json_object_set_new(o, "output", audit_json_text(texts[i] ? texts[i] : ""));
+        json_object_set_new(o, "gts", audit_json_text(p->ground_truth ? p->ground_truth : ""));
+        json_object_set_new(o, "score", json_real(s[i].raw_score));
+        json_object_set_new(o, "step", json_integer(step));
+        if (isfinite(s[i].acc))
+            json_object_set_new(o, "acc", json_real(s[i].acc));
+        json_object_set_new(o, "data_source", json_string(p->data_source ? p->data_source : ""));
+        char *line = json_dumps(o, JSON_COMPACT);
+        json_decref(o);
+        CHECK_ALLOC(line);
+        const size_t l = strlen(line);
+        lines[k] = xrealloc(line, l + 2);
+        lines[k][l] = '\n', lines[k][l + 1] = 0;
+        lens[k] = l + 1;
+    }
+    rollout_audit_save(dir, step, lines, lens, n);
+    for (int k = 0; k < n; k++)
+        free(lines[k]);
+    free(lines), free(lens), free(order);
+}
+
+void gen_validate(const struct gen_ctx *rc, const struct prompt_set *val, uint64_t seed, int64_t step,
+                  const char *dump_dir, struct metrics *m)
 {
     if (val->n == 0)
         return;
     const double t0 = clock_now_s();
     struct val_score *s;
-    const int n_s = gen_validate_part(rc, val, seed, 0, 1, &s);
+    char **texts = NULL;
+    const bool dump = dump_dir && *dump_dir;
+    const int n_s = gen_validate_part(rc, val, seed, 0, 1, &s, dump ? &texts : NULL);
+    if (dump)
+        gen_validate_dump(dump_dir, step, val, s, texts, n_s);
     gen_validate_report(rc->cfg, val, s, n_s, clock_now_s() - t0, m);
+    for (int i = 0; dump && i < n_s; i++)
+        free(texts[i]);
+    free(texts);
     free(s);
 }

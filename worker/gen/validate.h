@@ -16,14 +16,23 @@ struct val_score {
     double prompt, sample, raw_score, acc; /* doubles: an array of them travels as float64 */
 };
 
-/* Validate the policy of rc on val with the given seed (sampling draws); metrics into m. */
-void gen_validate(const struct gen_ctx *rc, const struct prompt_set *val, uint64_t seed, struct metrics *m);
+/* Validate the policy of rc on val with the given seed (sampling draws); metrics into m. With dump_dir (NULL or
+ * empty: none), the responses into dump_dir/STEP.jsonl (gen_validate_dump). */
+void gen_validate(const struct gen_ctx *rc, const struct prompt_set *val, uint64_t seed, int64_t step,
+                  const char *dump_dir, struct metrics *m);
 
 /* Part `part` of `parts` of validation: the chunks of data.val_batch_size prompts whose index is part mod parts,
  * generated and scored as one process would (the same seeds). Its responses' scores into *out (the caller
- * frees); returns their count. */
+ * frees), and with texts (NULL: not wanted) their texts into *texts (malloc'd, each too); returns their count. */
 int gen_validate_part(const struct gen_ctx *rc, const struct prompt_set *val, uint64_t seed, int part, int parts,
-                      struct val_score **out);
+                      struct val_score **out, char ***texts);
+/* trainer.validation_data_dir (verl's _dump_generations): DIR/STEP.jsonl, a line for each validation response in
+ * the order one process makes them (by prompt, then sample): "input" (the prompt as rendered), "output" (the
+ * response), "gts" (the ground truth), "score", "step", and "acc" where the scorer knows it, "data_source".
+ * texts[i] is s[i]'s response. Nothing when dir is NULL or empty; a failed write stops the run as a rollout
+ * audit's does (metrics_output_failed). */
+void gen_validate_dump(const char *dir, int64_t step, const struct prompt_set *val, const struct val_score *s,
+                       char *const *texts, int n);
 /* Responses per validation prompt (1 greedy, val_kwargs.n when sampling). */
 int gen_validate_n(const struct grpo_config *c);
 /* The metrics of every part's scores together (s is sorted in place), with validation's seconds. */

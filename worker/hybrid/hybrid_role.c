@@ -455,9 +455,47 @@ static void colocated_metrics(void *ctx, enum source_metrics_at at, const struct
     metrics_set(m, "colocated/units", (double)c->fig.units);
 }
 
+/* The responses' texts of every head, in rank order, at rank 0 (the i-th of all: all[i]): each head's texts as one
+ * run of NUL-ended strings, all-gathered in 8-byte words; rank r has cnts[r] of them. Collective; NULL elsewhere. */
+static char **gather_texts(struct comm *w, bool root, char *const *mine, int n, const int64_t *cnts, int64_t total)
+{
+    const int N = comm_size(w);
+    size_t bytes = 0;
+    for (int i = 0; i < n; i++)
+        bytes += strlen(mine[i]) + 1;
+    int64_t words = (int64_t)((bytes + 7) / 8), most = 1;
+    int64_t *counts = xmalloc((size_t)N * sizeof *counts);
+    comm_allgather(w, &words, counts, 1, COMM_I64);
+    for (int r = 0; r < N; r++)
+        most = counts[r] > most ? counts[r] : most;
+    int64_t *out = xcalloc((size_t)most, sizeof *out), *in = xmalloc((size_t)(most * N) * sizeof *in);
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        const size_t l = strlen(mine[i]) + 1;
+        memcpy((char *)out + at, mine[i], l);
+        at += l;
+    }
+    comm_allgather(w, out, in, (size_t)most, COMM_I64);
+    char **all = NULL;
+    if (root) {
+        all = xcalloc((size_t)(total ? total : 1), sizeof *all);
+        int64_t k = 0;
+        for (int r = 0; r < N; r++) {
+            const char *p = (const char *)(in + (size_t)r * (size_t)most), *end = p + counts[r] * 8;
+            for (int64_t j = 0; j < cnts[r] && k < total; j++, k++) {
+                const size_t l = p < end ? strnlen(p, (size_t)(end - p)) : 0;
+                all[k] = xstrndup(p, l);
+                p += l + 1;
+            }
+        }
+    }
+    free(out), free(in), free(counts);
+    return all;
+}
+
 /* trainer_source.validate: every engine generates its share of the validation prompts (whole chunks of
  * data.val_batch_size, the seeds one process uses), the heads' scores are all-gathered, and the first rank
- * reports them. */
+ * reports them (with trainer.validation_data_dir, the responses' texts too, and it writes them). */
 static void validate(void *ctx, uint64_t seed, struct metrics *m)
 {
     struct colocated *c = ctx;
@@ -465,7 +503,12 @@ static void validate(void *ctx, uint64_t seed, struct metrics *m)
     int64_t bytes;
     update_weights(c, &bytes); /* the policy as it is now (the step's update is in) */
     struct val_score *mine = NULL;
-    int n = gen_validate_part(&c->rc, trainer_val_prompts(c->t), seed, c->env->at.engine, c->env->at.engines, &mine);
+    char **texts = NULL;
+    const char *dump_dir = c->env->cfg->trainer_validation_data_dir;
+    const bool dump = dump_dir && *dump_dir;
+    int n = gen_validate_part(&c->rc, trainer_val_prompts(c->t), seed, c->env->at.engine, c->env->at.engines, &mine,
+                              dump ? &texts : NULL);
+    const int made = n;
     if (!c->head) /* the engine's other ranks made the same responses */
         n = 0;
     struct comm *w = c->env->trainers;
@@ -483,6 +526,7 @@ static void validate(void *ctx, uint64_t seed, struct metrics *m)
     if (n)
         memcpy(out, mine, (size_t)n * sizeof *mine);
     comm_allgather(w, out, in, (size_t)most * words, COMM_F64);
+    char **all_texts = dump ? gather_texts(w, c->env->rank == 0, texts, n, cnts, total) : NULL;
     if (c->env->rank == 0) {
         struct val_score *all = xmalloc((size_t)(total ? total : 1) * sizeof *all);
         int64_t at = 0;
@@ -490,9 +534,16 @@ static void validate(void *ctx, uint64_t seed, struct metrics *m)
             memcpy(all + at, in + (size_t)r * (size_t)most * words, (size_t)cnts[r] * sizeof *all);
             at += cnts[r];
         }
+        if (dump)
+            gen_validate_dump(dump_dir, trainer_step(c->t), trainer_val_prompts(c->t), all, all_texts, (int)total);
         gen_validate_report(c->env->cfg, trainer_val_prompts(c->t), all, (int)total, clock_now_s() - t0, m);
         free(all);
     }
+    for (int i = 0; texts && i < made; i++)
+        free(texts[i]);
+    for (int64_t i = 0; all_texts && i < total; i++)
+        free(all_texts[i]);
+    free(texts), free(all_texts);
     free(out), free(in), free(cnts), free(mine);
 }
 

@@ -238,7 +238,7 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
     char *tools = NULL; /* multi-turn rollouts: the tools' schemas, rendered into the tool agents' prompts */
     if (!(r->policy = model_load(path, err, errlen)) ||
         !(r->tok = prompt_load_tokenizer(path, r->env->cfg->data_apply_chat_template_kwargs,
-                                          r->env->cfg->arr_model_custom_chat_template, err, errlen)) ||
+                                         r->env->cfg->arr_model_custom_chat_template, err, errlen)) ||
         gen_tools_json(c, &tools, err, errlen) != 0)
         return -1;
     const int loaded = prompt_sets_load(c, r->tok, tools, &r->train, &r->val, err, errlen);

@@ -19,9 +19,7 @@ static int utf8_len(const unsigned char *s)
     return n;
 }
 
-/* A JSON string of text; bytes that are not UTF-8 (a response cut inside a character, or a byte-level
- * model's stray bytes) become U+FFFD, as Hugging Face's decode does, instead of losing the field. */
-static json_t *json_text(const char *text)
+json_t *audit_json_text(const char *text)
 {
     json_t *j = json_string(text);
     if (j)
@@ -56,9 +54,9 @@ static char *seq_line(int64_t step, int n, const struct step_batch *b, int i, co
     json_object_set_new(o, "uid", json_integer(b->group_uid[s->group])); /* the prompt's index in the set */
     json_object_set_new(o, "group", json_integer(s->gidx / n));          /* its group's position in the step */
     json_object_set_new(o, "data_source", json_string(p->data_source));
-    json_object_set_new(o, "prompt", json_text(p->text));
-    json_object_set_new(o, "response", json_text(b->resp_text[i]));
-    json_object_set_new(o, "ground_truth", json_text(p->ground_truth ? p->ground_truth : ""));
+    json_object_set_new(o, "prompt", audit_json_text(p->text));
+    json_object_set_new(o, "response", audit_json_text(b->resp_text[i]));
+    json_object_set_new(o, "ground_truth", audit_json_text(p->ground_truth ? p->ground_truth : ""));
     json_object_set_new(o, "score", json_real(s->raw_score));
     json_object_set_new(o, "reward", json_real(s->score));
     int first = 0; /* the first of the model's tokens: a response's advantage is its (the others' is 0) */

@@ -11,6 +11,7 @@
 #ifndef GRPO_WORKER_STEP_AUDIT_H
 #define GRPO_WORKER_STEP_AUDIT_H
 
+#include <jansson.h>
 #include <stdint.h>
 
 #include "worker/step/batch.h"
@@ -28,6 +29,9 @@ struct audit_extras {
      * "policy_versions" (each token's; where its unit sits in the stream: RUN_DIR/async_schedule.jsonl) */
     bool versions;
 };
+/* A JSON string of text; bytes that are not UTF-8 (a response cut inside a character, or a byte-level model's stray
+ * bytes) become U+FFFD, as Hugging Face's decode does, instead of losing the field. */
+json_t *audit_json_text(const char *text);
 /* b's lines (n responses per prompt), each ending in a newline, malloc'd; *len their bytes. x may be NULL. */
 char *rollout_audit_text(int64_t step, int n, const struct step_batch *b, const struct audit_extras *x, size_t *len);
 /* DIR/STEP.jsonl made of parts[0..nparts) (lens[p] bytes each), in order; nothing when dir is NULL or empty. A

@@ -21,6 +21,7 @@
 #include "kernels/kernels.h"
 #include "common/fs.h"
 #include "common/config.h"
+#include "common/config_key_names.h"
 #include "common/log.h"
 #include "worker/watchdog/watchdog.h"
 #include "worker/step/prompts.h"
@@ -433,10 +434,17 @@ int trainer_run(struct trainer *t)
     struct metrics m;
     metrics_init(&m);
     int rc = 0;
-    if (t->st.global_step == 0 && c->trainer_val_before_train && validator) {
+    /* before training; with trainer.val_only at the step it starts from (a resumed checkpoint's too) */
+    if ((t->st.global_step == 0 || c->trainer_val_only) && c->trainer_val_before_train && validator) {
         trainer_validate(t, &m);
-        log_step(t, 0, &m);
+        log_step(t, t->st.global_step, &m);
         metrics_clear(&m);
+    }
+    if (c->trainer_val_only) { /* verl's: nothing is trained; the run finishes at the step it validated */
+        if (trainer_is_lead(t))
+            log_info("trainer", KEY_trainer_val_only ": validated at step %lld; nothing is trained",
+                     (long long)t->st.global_step);
+        t->st.total_steps = t->st.global_step;
     }
     const int64_t push = t->src.push_every > 1 ? t->src.push_every : 1; /* fully-async: the weight pushes */
     while (t->st.global_step < t->st.total_steps) {

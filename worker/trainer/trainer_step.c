@@ -388,6 +388,8 @@ void trainer_validate(struct trainer *t, struct metrics *m)
     }
     trainer_phase(t, GRPO__PHASE__PHASE_VALIDATE);
     const uint64_t seed = trainer_step_seed(t->st.seed, t->st.global_step, 0x7a1);
+    /* trainer.validation_data_dir: written by the lead (a TP or PP group validates together) */
+    const char *dump = trainer_is_lead(t) ? t->cfg->trainer_validation_data_dir : NULL;
     if (t->src.validate) {
         t->src.validate(t->src.ctx, seed, m);
     } else if (t->policy->sh.ep) { /* EP: DP rank 0 validates with the whole model its EP group gathers */
@@ -403,11 +405,11 @@ void trainer_validate(struct trainer *t, struct metrics *m)
         if (whole) {
             struct gen_ctx rc = t->rc;
             rc.policy = whole;
-            gen_validate(&rc, &t->val, seed, m);
+            gen_validate(&rc, &t->val, seed, t->st.global_step, dump, m);
             model_free(whole);
         }
     } else {
-        gen_validate(&t->rc, &t->val, seed, m);
+        gen_validate(&t->rc, &t->val, seed, t->st.global_step, dump, m);
     }
 }
 
