@@ -99,6 +99,13 @@ assert [(x["input"], x["gts"]) for x in a] == [(x["input"], x["gts"]) for x in b
 print("ok")
 PY
 expect "validation_data_dir: rank 0 writes both engines' responses in one process's order (step 0: one process's file), each score in the logged mean" $?
+# trainer.val_only on a copy of the DP2 run's directory: it resumes at step 2, validates on both engines and trains
+# nothing; its file is the run's own step-2 validation, byte for byte
+cp -r "$TMP/dp2-llama" "$TMP/dp2-valonly" && rm -r "$TMP/dp2-valonly/val" &&
+    colo dp2-valonly llama 2 1 1 trainer.val_only=true trainer.total_training_steps=$((STEPS + 2)) &&
+    cmp -s "$TMP/dp2-llama/val/$STEPS.jsonl" "$TMP/dp2-valonly/val/$STEPS.jsonl" &&
+    [ -z "$(find "$TMP/dp2-valonly" -name "global_step_$((STEPS + 1))")" ]
+expect "val_only on 2 colocated ranks: the checkpoint's validation again, byte for byte, and no step trained" $?
 grep -q "2 colocated ranks: training DP 2 x TP 1 x PP 1; generating in 2 engine(s) of 1 rank(s)" "$TMP/dp2-llama.log" &&
     grep -q "generation uses the training weights in place" "$TMP/dp2-llama.log"
 expect "DP2: two engines of one rank, generating with the training weights in place" $?
