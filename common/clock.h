@@ -15,5 +15,8 @@ double clock_now_s(void);
 double clock_wall_s(void);
 /* Sleep for the given seconds (nothing when <= 0; an interrupted sleep resumes). */
 void clock_sleep_s(double seconds);
+/* For the tests only: sleep the seconds environment variable `name` gives (above 0 and below 10; anything else is
+ * none), read once into *cache, which starts at -1 (a slow engine or trainer made on purpose). */
+void clock_test_sleep(const char *name, double *cache);
 
 #endif

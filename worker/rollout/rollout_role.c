@@ -377,13 +377,7 @@ static bool after_decode(void *ud)
 {
     struct rollout_rank *r = ud;
     static double sleep_s = -1;
-    if (sleep_s < 0) {
-        const char *v = getenv("GRPO_TEST_DECODE_SLEEP_S");
-        sleep_s = v ? strtod(v, NULL) : 0;
-        sleep_s = sleep_s > 0 && sleep_s < 10 ? sleep_s : 0;
-    }
-    if (sleep_s > 0)
-        clock_sleep_s(sleep_s);
+    clock_test_sleep("GRPO_TEST_DECODE_SLEEP_S", &sleep_s);
     return r->env->cfg->async_partial_rollout && r->replaying == 0 && work_client_latest(r->work) > r->version;
 }
 

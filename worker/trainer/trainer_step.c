@@ -962,13 +962,7 @@ static int train_batch(struct trainer *t, int64_t k, struct step_batch *b, const
 static void test_slow_update(void)
 {
     static double sleep_s = -1;
-    if (sleep_s < 0) {
-        const char *v = getenv("GRPO_TEST_UPDATE_SLEEP_S");
-        sleep_s = v ? strtod(v, NULL) : 0;
-        sleep_s = sleep_s > 0 && sleep_s < 10 ? sleep_s : 0;
-    }
-    if (sleep_s > 0)
-        clock_sleep_s(sleep_s);
+    clock_test_sleep("GRPO_TEST_UPDATE_SLEEP_S", &sleep_s);
 }
 
 /* One GRPO step: the source's batch (local generation, or batches from the rollout ranks), then the update. */
