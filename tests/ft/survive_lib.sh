@@ -97,6 +97,9 @@ survived() {
     expect "$name: the log names lost rank $rank, the shrink to $left and the redone step $step" $?
     grep -Eq "\[rank [0-9]\] survive: step $step: .*(a peer is lost|revoked by a survivor)" "$TMP/$name.log"
     expect "$name: the survivors found the loss in a collective of step $step" $?
+    # the redone step ends after the loss is found (the caller may come here as soon as it is): waited for
+    redone() { grep -aqF "survive: step $step (redone) completed" "$TMP/$name.log"; }
+    wait_for 120 redone
     line="$(grep -aF "survive: step $step (redone) completed" "$TMP/$name.log" | tail -n 1)"
     # the kill to the redone step's end, from the line's UTC time stamp
     took="$(python3 -c 'import sys, datetime
