@@ -188,6 +188,7 @@ stream_core() {
     asan_mult="$(awk -v f="$GRPO_TEST_TIME_SCALE" 'BEGIN { m = 3 * f; r = int(m); print r < m ? r + 1 : r }')"
     local san=(UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1)
     env "${san[@]}" ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+        LSAN_OPTIONS="suppressions=$PWD/tests/lsan.supp:print_suppressions=0" \
         meson test -C build-asan --suite unit --no-rebuild --print-errorlogs --num-processes 2 \
         --timeout-multiplier "$asan_mult" || rc=1
     took "core: the unit suite under the sanitizers"
