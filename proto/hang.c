@@ -162,8 +162,9 @@ static const struct hang_rank *by_rank(const struct hang_rank *r, int n, int ran
     return NULL;
 }
 
-/* Where rank `rank` is, for a sentence: "rank 5 (host h) is in phase update_actor, in no wait (its last: ...)". */
-static void where_text(const struct hang_rank *r, int rank, char *out, size_t len)
+/* Where rank `rank` is, for a sentence: "rank 5 is in phase update_actor, in no wait (its last: ...)"; a rank not
+ * live is named with its host, and a live one too with live_host ("rank 5 (host h) is in ..."). */
+static void where_text(const struct hang_rank *r, int rank, bool live_host, char *out, size_t len)
 {
     char host[300] = "", w[400];
     if (!r) {
@@ -178,17 +179,19 @@ static void where_text(const struct hang_rank *r, int rank, char *out, size_t le
     case HANG_UNKNOWN: snprintf(out, len, "nothing is known of rank %d%s (no heartbeat, no dump)", rank, host); return;
     case HANG_LIVE: break;
     }
+    const char *h = live_host ? host : "";
     if (r->waiting) {
         hang_wait_text(&r->wait, true, w, sizeof w);
-        snprintf(out, len, "rank %d is in %s, waiting %.0f s", rank, w, r->wait.seconds);
+        snprintf(out, len, "rank %d%s is in %s, waiting %.0f s", rank, h, w, r->wait.seconds);
     } else if (r->layer >= 0) {
-        snprintf(out, len, "rank %d is in phase %s, layer %d %s, in no wait", rank, core_phase_name(r->phase), r->layer,
-                 r->backward ? "backward" : "forward");
+        snprintf(out, len, "rank %d%s is in phase %s, layer %d %s, in no wait", rank, h, core_phase_name(r->phase),
+                 r->layer, r->backward ? "backward" : "forward");
     } else if (r->last && r->last->layer >= 0) {
         hang_wait_text(r->last, true, w, sizeof w);
-        snprintf(out, len, "rank %d is in phase %s, in no wait (its last: %s)", rank, core_phase_name(r->phase), w);
+        snprintf(out, len, "rank %d%s is in phase %s, in no wait (its last: %s)", rank, h, core_phase_name(r->phase),
+                 w);
     } else {
-        snprintf(out, len, "rank %d is in phase %s, in no wait", rank, core_phase_name(r->phase));
+        snprintf(out, len, "rank %d%s is in phase %s, in no wait", rank, h, core_phase_name(r->phase));
     }
 }
 
@@ -400,7 +403,7 @@ static void one_group(const struct hang_rank *r, int n, const int *waiting, int 
                 continue;
             }
         }
-        where_text(q, missing[k], where, sizeof where);
+        where_text(q, missing[k], false, where, sizeof where);
         struct hang_finding *d = add(f, HANG_LAGGARD, missing[k], longest);
         if (d)
             say(d->text, "rank %d%s%s%s has not entered %s (rank%s %s waiting there %.0f s); %s", missing[k],
@@ -448,7 +451,7 @@ static void trainers_text(const struct hang_rank *r, int n, char *out, size_t le
         if (r[i].role != GRPO__ROLE__ROLE_TRAINER)
             continue;
         char where[500];
-        where_text(&r[i], r[i].rank, where, sizeof where);
+        where_text(&r[i], r[i].rank, false, where, sizeof where);
         const size_t l = strlen(out);
         snprintf(out + l, len - l, "%s%s", named++ ? "; " : "; the trainers: ", where);
     }
@@ -508,16 +511,9 @@ static void pause_waits(const struct hang_rank *r, int n, const struct hang_run 
     hang_ranks_text(who, named, list, sizeof list);
     size_t at = 0;
     for (int k = 0; k < named && at < sizeof where; k++) {
-        char one[HANG_TEXT_MAX], head[32];
-        const struct hang_rank *x = by_rank(r, n, who[k]);
-        where_text(x, who[k], one, sizeof one); /* "rank N is in ...": with its host after "rank N" */
-        const int hl = snprintf(head, sizeof head, "rank %d", who[k]);
-        const bool named_host = x && x->host[0] && strncmp(one, head, (size_t)hl) == 0;
-        if (named_host)
-            at += (size_t)snprintf(where + at, sizeof where - at, "%s%s (host %s)%s", k ? "; " : "", head, x->host,
-                                   one + hl);
-        else
-            at += (size_t)snprintf(where + at, sizeof where - at, "%s%s", k ? "; " : "", one);
+        char one[HANG_TEXT_MAX];
+        where_text(by_rank(r, n, who[k]), who[k], true, one, sizeof one);
+        at += (size_t)snprintf(where + at, sizeof where - at, "%s%s", k ? "; " : "", one);
     }
     if (m > named && at < sizeof where)
         snprintf(where + at, sizeof where - at, "; and %d more", m - named);
