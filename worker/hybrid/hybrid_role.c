@@ -456,32 +456,32 @@ static void colocated_metrics(void *ctx, enum source_metrics_at at, const struct
 }
 
 /* The responses' texts of every head, in rank order, at rank 0 (the i-th of all: all[i]): each head's texts as one
- * run of NUL-ended strings, all-gathered in 8-byte words; rank r has cnts[r] of them. Collective; NULL elsewhere. */
+ * run of NUL-ended strings, all-gathered (comm_allgather_bytes, padded to the longest run); rank r has cnts[r] of
+ * them. Collective; NULL elsewhere. */
 static char **gather_texts(struct comm *w, bool root, char *const *mine, int n, const int64_t *cnts, int64_t total)
 {
     const int N = comm_size(w);
-    size_t bytes = 0;
+    int64_t bytes = 0, most = 1;
     for (int i = 0; i < n; i++)
-        bytes += strlen(mine[i]) + 1;
-    int64_t words = (int64_t)((bytes + 7) / 8), most = 1;
-    int64_t *counts = xmalloc((size_t)N * sizeof *counts);
-    comm_allgather(w, &words, counts, 1, COMM_I64);
+        bytes += (int64_t)strlen(mine[i]) + 1;
+    int64_t *sizes = xmalloc((size_t)N * sizeof *sizes);
+    comm_allgather(w, &bytes, sizes, 1, COMM_I64);
     for (int r = 0; r < N; r++)
-        most = counts[r] > most ? counts[r] : most;
-    int64_t *out = xcalloc((size_t)most, sizeof *out), *in = xmalloc((size_t)(most * N) * sizeof *in);
+        most = sizes[r] > most ? sizes[r] : most;
+    char *out = xcalloc((size_t)most, 1), *in = xmalloc((size_t)most * (size_t)N);
     size_t at = 0;
     for (int i = 0; i < n; i++) {
         const size_t l = strlen(mine[i]) + 1;
-        memcpy((char *)out + at, mine[i], l);
+        memcpy(out + at, mine[i], l);
         at += l;
     }
-    comm_allgather(w, out, in, (size_t)most, COMM_I64);
+    comm_allgather_bytes(w, out, in, (size_t)most);
     char **all = NULL;
     if (root) {
         all = xcalloc((size_t)(total ? total : 1), sizeof *all);
         int64_t k = 0;
         for (int r = 0; r < N; r++) {
-            const char *p = (const char *)(in + (size_t)r * (size_t)most), *end = p + counts[r] * 8;
+            const char *p = in + (size_t)r * (size_t)most, *end = p + sizes[r];
             for (int64_t j = 0; j < cnts[r] && k < total; j++, k++) {
                 const size_t l = p < end ? strnlen(p, (size_t)(end - p)) : 0;
                 all[k] = xstrndup(p, l);
@@ -489,7 +489,7 @@ static char **gather_texts(struct comm *w, bool root, char *const *mine, int n, 
             }
         }
     }
-    free(out), free(in), free(counts);
+    free(out), free(in), free(sizes);
     return all;
 }
 
