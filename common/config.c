@@ -269,6 +269,38 @@ static void unnote_verl(struct grpo_config *c, const char *name)
     }
 }
 
+/* Hydra's --config-name and --config-path, as verl's launch scripts give them (value: NAME or NAME.yaml). verl's own
+ * trainer configs carry the defaults every key here has; the fully-async trainer's (verl/experimental/
+ * fully_async_policy/config) turns fully-async training on, as its entry point does, with the async_training
+ * defaults it holds (ours). Any other config's defaults are not known here: refused, naming it. 0, or -1 (err). */
+int config_hydra_option(struct grpo_config *c, const char *option, const char *value, struct cfg_error *err)
+{
+    if (strcmp(option, "--config-path") == 0) {
+        note_verl(c, option, value, "Hydra's config search path: the defaults here are verl's own trainer's");
+        return 0;
+    }
+    char name[256];
+    snprintf(name, sizeof name, "%s", value);
+    const size_t n = strlen(name);
+    if (n > 5 && strcmp(name + n - 5, ".yaml") == 0)
+        name[n - 5] = 0;
+    if (strcmp(name, "ppo_trainer") == 0 || strcmp(name, "ppo_megatron_trainer") == 0) {
+        note_verl(c, option, value, "verl's trainer config, whose defaults are this one's; one engine here");
+        return 0;
+    }
+    if (strcmp(name, "fully_async_ppo_trainer") == 0 || strcmp(name, "fully_async_ppo_megatron_trainer") == 0) {
+        char origin[300];
+        snprintf(origin, sizeof origin, "%s=%s", option, value);
+        return config_set(c, KEY_async_enable, "true", origin, err);
+    }
+    errf(err,
+         "command line: %s=%s: a Hydra config other than verl's ppo_trainer, ppo_megatron_trainer, "
+         "fully_async_ppo_trainer and fully_async_ppo_megatron_trainer (its defaults are not available here: give "
+         "its keys as overrides)",
+         option, value);
+    return -1;
+}
+
 /* data.apply_chat_template_kwargs: a JSON object of the chat template's extra variables, set whole (a JSON
  * object) or one variable at a time (data.apply_chat_template_kwargs.NAME=VALUE, as YAML's nested map gives it):
  * true/false, null and numbers are read as such, anything else as text. 0, or -1 with err naming the key. */
@@ -1110,8 +1142,37 @@ static int validate_async(const struct grpo_config *c, struct cfg_error *err)
     return 0;
 }
 
+/* The learning-rate schedule's keys, as Megatron's scheduler checks them (lr_decay_steps against the warm-up: the
+ * trainer, which knows the run's steps). */
+static int validate_schedule(const struct grpo_config *c, struct cfg_error *err)
+{
+    if (c->actor_optim_min_lr > 0 && c->actor_optim_min_lr_ratio > 0) {
+        errf(err,
+             "%s and %s both set the schedule's floor (" KEY_actor_optim_min_lr " %g, " KEY_actor_optim_min_lr_ratio
+             " %g): give one (the first is Megatron's, the second FSDP's)",
+             origin_of(c, KEY_actor_optim_min_lr), origin_of(c, KEY_actor_optim_min_lr_ratio), c->actor_optim_min_lr,
+             c->actor_optim_min_lr_ratio);
+        return -1;
+    }
+    if (c->actor_optim_min_lr > c->actor_optim_lr || c->actor_optim_lr_warmup_init > c->actor_optim_lr) {
+        const bool floor = c->actor_optim_min_lr > c->actor_optim_lr;
+        const char *key = floor ? KEY_actor_optim_min_lr : KEY_actor_optim_lr_warmup_init;
+        errf(err, "%s: %s = %g exceeds the peak " KEY_actor_optim_lr " (%g)", origin_of(c, key), key,
+             floor ? c->actor_optim_min_lr : c->actor_optim_lr_warmup_init, c->actor_optim_lr);
+        return -1;
+    }
+    if (strcmp(c->actor_optim_warmup_style, "WSD") == 0 && c->actor_optim_lr_wsd_decay_steps <= 0) {
+        errf(err, "%s: the WSD schedule needs " KEY_actor_optim_lr_wsd_decay_steps " (the anneal's length, >= 1)",
+             origin_of(c, KEY_actor_optim_warmup_style));
+        return -1;
+    }
+    return 0;
+}
+
 int config_validate(const struct grpo_config *c, struct cfg_error *err)
 {
+    if (validate_schedule(c, err) != 0)
+        return -1;
     if (validate_async(c, err) != 0)
         return -1;
     if (c->trainer_val_only && !c->trainer_val_before_train) {

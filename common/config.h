@@ -107,6 +107,9 @@ void config_init(struct grpo_config *c);
 void config_free(struct grpo_config *c);
 /* Set one key from text; origin is recorded for --print-config. Returns 0 or -1 with err. */
 int config_set(struct grpo_config *c, const char *name, const char *value, const char *origin, struct cfg_error *err);
+/* Hydra's --config-name / --config-path options (verl's launch scripts give them): verl's own trainer configs are
+ * noted, the fully-async trainer's turns async_training.enable on, any other is refused. 0, or -1 (err). */
+int config_hydra_option(struct grpo_config *c, const char *option, const char *value, struct cfg_error *err);
 /* Whether name is a key whose value is a map of free names (data.apply_chat_template_kwargs), or one of its
  * entries (data.apply_chat_template_kwargs.NAME): config_set takes both. */
 bool config_is_map_key(const char *name);

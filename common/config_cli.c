@@ -61,6 +61,28 @@ int config_from_args(struct grpo_config *c, int *argc, char **argv)
             file = a + 9;
             used = 1;
         }
+        /* Hydra's --config-name / --config-path, as verl's scripts give them: the config's defaults before any
+         * override, as Hydra takes them */
+        const char *hydra[] = {"--config-name", "--config-path"};
+        for (int h = 0; h < 2 && !file; h++) {
+            const size_t hn = strlen(hydra[h]);
+            const char *value = NULL;
+            if (strcmp(a, hydra[h]) == 0 && i + 1 < *argc)
+                value = argv[i + 1], used = 2;
+            else if (strncmp(a, hydra[h], hn) == 0 && a[hn] == '=')
+                value = a + hn + 1, used = 1;
+            if (!value)
+                continue;
+            if (config_hydra_option(c, hydra[h], value, &err) != 0) {
+                log_error("config", "%s", err.msg);
+                return -1;
+            }
+            break;
+        }
+        if (!file && used > 0) {
+            drop_args(argc, argv, i, used);
+            continue;
+        }
         if (!file) {
             i++;
             continue;

@@ -17,9 +17,10 @@ test_env
 export GRPO_CACHE="$TMP/cache"
 crashed() { grep -qE "Segmentation|Aborted|core dumped|AddressSanitizer" "$1"; }
 
-# overrides FILE: the recorded arguments that are Hydra overrides (the module and --config-* flags left out)
+# overrides FILE: the recorded arguments that are Hydra overrides, and Hydra's --config-name / --config-path (the
+# module left out)
 overrides() {
-    grep -v '^#' "$1" | grep -E '^[^-].*=' | grep -v '^--'
+    grep -v '^#' "$1" | grep -E '^[^-].*=|^--config-(name|path)='
 }
 
 # replay VERSION DIR MIN: every recorded script of DIR through --print-config; MIN: at least this many recorded
@@ -55,6 +56,29 @@ replay() {
 replay v0.7.0 tests/fixtures/verl/scripts 70
 replay v0.9.0 tests/fixtures/verl/scripts/v0.9.0 85
 
+# --- Megatron's learning-rate schedule under its keys (verl's megatron optim block, as the fully-async Megatron scripts
+# give lr_decay_steps): 6 steps, warm-up from 1e-4 to 1e-3 over 2, linear down to min_lr 2e-4 at step 4, then flat.
+# Each step's actor/lr against Megatron's formula worked by hand (the first update is scheduler step 0)
+tiny_model "$TMP/tiny"; expect "tiny model written" $?
+(cd "$TMP" && timeout "$(scaled 120)" "$WORKER" actor_rollout_ref.model.path="$TMP/tiny" \
+    trainer.default_local_dir="$TMP/sched" trainer.total_training_steps=6 trainer.test_freq=-1 \
+    trainer.val_before_train=false data.synthetic.shots=0 data.synthetic.num_val=4 data.train_batch_size=2 \
+    actor_rollout_ref.actor.ppo_mini_batch_size=2 actor_rollout_ref.rollout.n=2 data.max_response_length=4 \
+    actor_rollout_ref.actor.optim.lr=1e-3 actor_rollout_ref.actor.optim.lr_warmup_steps=2 \
+    actor_rollout_ref.actor.optim.lr_warmup_init=1e-4 actor_rollout_ref.actor.optim.lr_decay_style=linear \
+    actor_rollout_ref.actor.optim.lr_decay_steps=4 actor_rollout_ref.actor.optim.min_lr=2e-4 \
+    actor_rollout_ref.actor.optim.weight_decay_incr_style=linear) >"$TMP/sched.out" 2>&1
+expect "a run with Megatron's schedule keys finishes (rc $?)" $?
+python3 - "$(ls "$TMP"/sched/*/*/metrics.jsonl | head -1)" <<'PY'
+import json, sys
+lr = [json.loads(l)["actor/lr"] for l in open(sys.argv[1]) if l.strip()]
+# warm-up: 1e-4 + 9e-4 * n / 2 for n = 0, 1, 2; linear: 2e-4 + 8e-4 * (1 - (n - 2) / 2) for n = 3, 4; past 4: 2e-4
+want = [1e-4, 5.5e-4, 1e-3, 6e-4, 2e-4, 2e-4]
+assert len(lr) == 6 and all(abs(a - b) < 1e-12 for a, b in zip(lr, want)), (lr, want)
+print("actor/lr:", lr)
+PY
+expect "actor/lr follows Megatron's warm-up, linear decay and floor step by step" $?
+
 # --- the GSM8K + MATH example runs
 if ! py="$(./scripts/parquet_env.sh 2>"$TMP/env.log")"; then
     tail -3 "$TMP/env.log"
@@ -81,7 +105,6 @@ pq.write_table(pa.Table.from_pylist(rows("parity", 20) + rows("parity", 30) + ro
                os.path.join(d, "parity.parquet"))
 PY
 expect "pyarrow wrote two parquet files in verl's layout" $?
-tiny_model "$TMP/tiny"; expect "tiny model written" $?
 mapfile -t args < <(overrides tests/fixtures/verl/scripts/grpo_trainer__run_qwen2-7b_math.args)
 timeout "$(scaled 300)" "$WORKER" "${args[@]}" \
     actor_rollout_ref.model.path="$TMP/tiny" \

@@ -318,6 +318,47 @@ static void expect_validate(const char *override, int want_rc, const char *needl
     config_free(&c);
 }
 
+/* the learning-rate schedule's keys: Megatron's checks, and one floor */
+static void test_validate_schedule(void **state)
+{
+    (void)state;
+    expect_validate("actor_rollout_ref.actor.optim.min_lr=1e-7", 0, NULL, NULL);
+    expect_validate("actor_rollout_ref.actor.optim.min_lr=1", -1, "actor_rollout_ref.actor.optim.min_lr = 1 exceeds",
+                    "actor_rollout_ref.actor.optim.lr (");
+    expect_validate("actor_rollout_ref.actor.optim.lr_warmup_init=0.5", -1,
+                    "actor_rollout_ref.actor.optim.lr_warmup_init = 0.5 exceeds", NULL);
+    expect_validate("actor_rollout_ref.actor.optim.lr_decay_style=WSD", -1,
+                    "the WSD schedule needs actor_rollout_ref.actor.optim.lr_wsd_decay_steps", NULL);
+    expect_validate("actor_rollout_ref.actor.optim.lr_decay_style=inverse-square-root", 0, NULL, NULL);
+    struct grpo_config c;
+    config_init(&c);
+    struct cfg_error err = {{0}};
+    assert_int_equal(config_apply_override(&c, "actor_rollout_ref.actor.optim.min_lr=1e-7", &err), 0);
+    assert_int_equal(config_apply_override(&c, "actor_rollout_ref.actor.optim.min_lr_ratio=0.1", &err), 0);
+    assert_int_equal(config_validate(&c, &err), -1);
+    assert_non_null(strstr(err.msg, "both set the schedule's floor"));
+    assert_non_null(strstr(err.msg, "give one"));
+    config_free(&c);
+}
+
+/* Hydra's --config-name as verl's scripts give it: verl's trainer configs, the fully-async one, any other refused */
+static void test_hydra_config_name(void **state)
+{
+    (void)state;
+    struct grpo_config c;
+    config_init(&c);
+    struct cfg_error err = {{0}};
+    assert_int_equal(config_hydra_option(&c, "--config-name", "ppo_megatron_trainer.yaml", &err), 0);
+    assert_false(c.async_enable);
+    assert_int_equal(config_hydra_option(&c, "--config-path", "config", &err), 0);
+    assert_int_equal(config_hydra_option(&c, "--config-name", "fully_async_ppo_megatron_trainer.yaml", &err), 0);
+    assert_true(c.async_enable);
+    assert_int_equal(config_hydra_option(&c, "--config-name", "dapo_megatron_trainer", &err), -1);
+    assert_non_null(strstr(err.msg, "--config-name=dapo_megatron_trainer: a Hydra config other than"));
+    assert_non_null(strstr(err.msg, "not available"));
+    config_free(&c);
+}
+
 /* issue 12: a run name is one directory under trainer.default_local_dir, never a way out of it */
 static void test_validate_run_names(void **state)
 {
@@ -844,6 +885,8 @@ int main(void)
         cmocka_unit_test(test_missing_and_empty_file),
         cmocka_unit_test(test_overrides),
         cmocka_unit_test(test_validate_relations),
+        cmocka_unit_test(test_validate_schedule),
+        cmocka_unit_test(test_hydra_config_name),
         cmocka_unit_test(test_fully_async_keys),
         cmocka_unit_test(test_validate_run_names),
         cmocka_unit_test(test_validate_meaningless_values),

@@ -91,18 +91,67 @@ static void test_clip(void **state)
     assert_float_equal(bad[1], 1.0, 0);
 }
 
+/* the schedule at step n (0-based) of the one given */
+static double lr_of(enum lr_style style, double init, double min, int64_t warmup, int64_t decay, int64_t n)
+{
+    const struct lr_schedule s = {
+        .style = style, .lr = 1.0, .init_lr = init, .min_lr = min, .warmup = warmup, .decay_steps = decay};
+    return lr_at(&s, n);
+}
+
+static double wsd_of(enum lr_wsd_style style, int64_t n)
+{
+    /* peak 1, floor 0.2, no warm-up, the decay ends at step 10 and its last 4 steps anneal */
+    const struct lr_schedule s = {
+        .style = LR_WSD, .wsd_style = style, .lr = 1.0, .min_lr = 0.2, .decay_steps = 10, .wsd_steps = 4};
+    return lr_at(&s, n);
+}
+
+/* Hand-worked values of verl's FSDP schedules and Megatron's OptimizerParamScheduler (its formulas, worked here by
+ * hand; the first update is step 0, as verl steps the scheduler after each update). */
 static void test_schedules(void **state)
 {
     (void)state;
-    /* warm-up 4 steps: 0, 0.25, 0.5, 0.75 of lr, then lr */
-    assert_float_equal(lr_at(LR_CONSTANT, 1.0, 0, 4, 10, 0), 0.0, 1e-12);
-    assert_float_equal(lr_at(LR_CONSTANT, 1.0, 2, 4, 10, 0), 0.5, 1e-12);
-    assert_float_equal(lr_at(LR_CONSTANT, 1.0, 7, 4, 10, 0), 1.0, 1e-12);
+    /* warm-up 4 steps from 0: 0, 0.25, 0.5, 0.75 of lr, then lr */
+    assert_float_equal(lr_of(LR_CONSTANT, 0, 0, 4, 10, 0), 0.0, 1e-12);
+    assert_float_equal(lr_of(LR_CONSTANT, 0, 0, 4, 10, 2), 0.5, 1e-12);
+    assert_float_equal(lr_of(LR_CONSTANT, 0, 0, 4, 10, 7), 1.0, 1e-12);
+    /* constant ignores the decay's end (Megatron returns lr before it looks at lr_decay_steps) */
+    assert_float_equal(lr_of(LR_CONSTANT, 0, 0.1, 4, 10, 50), 1.0, 1e-12);
+    /* warm-up from 0.2 over 4 steps: 0.2 + 0.8 * 1/4 = 0.4 at step 1, 0.2 + 0.8 * 3/4 = 0.8 at step 3 */
+    assert_float_equal(lr_of(LR_CONSTANT, 0.2, 0, 4, 10, 1), 0.4, 1e-12);
+    assert_float_equal(lr_of(LR_COSINE, 0.2, 0.1, 4, 10, 3), 0.8, 1e-12);
     /* cosine from step 4 to 10 with floor 0.1: halfway (step 7) -> 0.1 + 0.9 * 0.5 = 0.55; end -> 0.1 */
-    assert_float_equal(lr_at(LR_COSINE, 1.0, 4, 4, 10, 0.1), 1.0, 1e-12);
-    assert_float_equal(lr_at(LR_COSINE, 1.0, 7, 4, 10, 0.1), 0.55, 1e-12);
-    assert_float_equal(lr_at(LR_COSINE, 1.0, 10, 4, 10, 0.1), 0.1, 1e-12);
-    assert_float_equal(lr_at(LR_COSINE, 2.0, 0, 0, 4, 0.0), 2.0, 1e-12);
+    assert_float_equal(lr_of(LR_COSINE, 0, 0.1, 4, 10, 4), 1.0, 1e-12);
+    assert_float_equal(lr_of(LR_COSINE, 0, 0.1, 4, 10, 7), 0.55, 1e-12);
+    assert_float_equal(lr_of(LR_COSINE, 0, 0.1, 4, 10, 10), 0.1, 1e-12);
+    /* a quarter of the way (step 2 of 0..8, no warm-up): 0.1 + 0.9 * (1 + cos(pi/4)) / 2 = 0.86819805... */
+    assert_float_equal(lr_of(LR_COSINE, 0, 0.1, 0, 8, 2), 0.8681980515339464, 1e-12);
+    /* past the decay's end: the floor */
+    assert_float_equal(lr_of(LR_COSINE, 0, 0.1, 4, 10, 11), 0.1, 1e-12);
+    /* linear from step 4 (lr) to 10 (0.1): step 6 is a third of the way: 1 - 0.9 / 3 = 0.7 */
+    assert_float_equal(lr_of(LR_LINEAR, 0, 0.1, 4, 10, 6), 0.7, 1e-12);
+    assert_float_equal(lr_of(LR_LINEAR, 0, 0.1, 4, 10, 10), 0.1, 1e-12);
+    assert_float_equal(lr_of(LR_LINEAR, 0, 0.1, 4, 10, 12), 0.1, 1e-12);
+    /* inverse square root after a 4-step warm-up: sqrt(4 / 16) = 0.5 at step 16, sqrt(4 / 100) = 0.2 at 100, the
+     * floor 0.25 there; past the decay's end (200): the floor */
+    assert_float_equal(lr_of(LR_INV_SQRT, 0, 0, 4, 200, 16), 0.5, 1e-12);
+    assert_float_equal(lr_of(LR_INV_SQRT, 0, 0, 4, 200, 100), 0.2, 1e-12);
+    assert_float_equal(lr_of(LR_INV_SQRT, 0, 0.25, 4, 200, 100), 0.25, 1e-12);
+    assert_float_equal(lr_of(LR_INV_SQRT, 0, 0.01, 4, 200, 201), 0.01, 1e-12);
+    /* WSD: lr through step 6 (10 - 4), then the anneal: at step 8 it is halfway (r = 0.5) */
+    assert_float_equal(wsd_of(LR_WSD_LINEAR, 6), 1.0, 1e-12);
+    assert_float_equal(wsd_of(LR_WSD_LINEAR, 8), 0.2 + 0.8 * 0.5, 1e-12);
+    assert_float_equal(wsd_of(LR_WSD_COSINE, 7), 0.2 + 0.8 * 0.5 * (1 + cos(M_PI / 4)), 1e-12);
+    assert_float_equal(wsd_of(LR_WSD_MINUS_SQRT, 7), 0.2 + 0.8 * 0.5, 1e-12); /* 1 - sqrt(1/4) */
+    assert_float_equal(wsd_of(LR_WSD_EXPONENTIAL, 8), 0.2 + 0.8 * (2 * sqrt(0.5) - 1), 1e-12);
+    assert_float_equal(wsd_of(LR_WSD_EXPONENTIAL, 10), 0.2, 1e-12); /* 2 * 0.5 - 1 = 0 */
+    /* the names: verl's and Megatron's spellings */
+    assert_int_equal(lr_style_named("inverse-square-root"), LR_INV_SQRT);
+    assert_int_equal(lr_style_named("inverse_square_root"), LR_INV_SQRT);
+    assert_int_equal(lr_style_named("WSD"), LR_WSD);
+    assert_int_equal(lr_style_named("polynomial"), -1);
+    assert_int_equal(lr_wsd_style_named("minus_sqrt"), LR_WSD_MINUS_SQRT);
 }
 
 int main(void)

@@ -132,16 +132,63 @@ double grad_clip(float *g, size_t n, double max_norm)
     return norm;
 }
 
-double lr_at(enum lr_schedule s, double lr, int64_t step, int64_t warmup, int64_t total, double min_lr_ratio)
+double lr_at(const struct lr_schedule *s, int64_t step)
 {
-    if (warmup > 0 && step < warmup)
-        return lr * (double)step / (double)warmup;
-    if (s == LR_CONSTANT)
-        return lr;
-    double span = (double)(total - warmup);
-    double progress = span > 0 ? (double)(step - warmup) / span : 1.0;
-    if (progress > 1)
-        progress = 1;
-    double coef = 0.5 * (1.0 + cos(M_PI * progress));
-    return lr * (min_lr_ratio + (1.0 - min_lr_ratio) * coef);
+    const double n = (double)step, w = (double)s->warmup, d = (double)s->decay_steps;
+    if (s->warmup > 0 && step <= s->warmup)
+        return s->init_lr + (s->lr - s->init_lr) * n / w;
+    if (s->style == LR_CONSTANT)
+        return s->lr;
+    if (step > s->decay_steps)
+        return s->min_lr;
+    if (s->style == LR_INV_SQRT) {
+        const double v = s->lr * sqrt(w > 1 ? w : 1) / sqrt(n > 1 ? n : 1);
+        return v > s->min_lr ? v : s->min_lr;
+    }
+    double coef = 1;
+    if (s->style == LR_WSD) {
+        const double anneal = d - (double)s->wsd_steps;
+        if (n > anneal) {
+            const double r = s->wsd_steps > 0 ? (n - anneal) / (double)s->wsd_steps : 1;
+            switch (s->wsd_style) {
+            case LR_WSD_LINEAR: coef = 1 - r; break;
+            case LR_WSD_COSINE: coef = 0.5 * (1 + cos(M_PI * r)); break;
+            case LR_WSD_MINUS_SQRT: coef = 1 - sqrt(r); break;
+            case LR_WSD_EXPONENTIAL: coef = 2 * pow(0.5, r) - 1; break;
+            }
+        }
+    } else {
+        const double r = d > w ? (n - w) / (d - w) : 1;
+        coef = s->style == LR_LINEAR ? 1 - r : 0.5 * (1 + cos(M_PI * r));
+    }
+    return s->min_lr + coef * (s->lr - s->min_lr);
+}
+
+int lr_style_named(const char *name)
+{
+    static const struct {
+        const char *name;
+        enum lr_style style;
+    } names[] = {{"constant", LR_CONSTANT},
+                 {"cosine", LR_COSINE},
+                 {"linear", LR_LINEAR},
+                 {"inverse_square_root", LR_INV_SQRT},
+                 {"inverse-square-root", LR_INV_SQRT},
+                 {"WSD", LR_WSD}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(name, names[i].name) == 0)
+            return (int)names[i].style;
+    return -1;
+}
+
+int lr_wsd_style_named(const char *name)
+{
+    static const char *const names[] = {[LR_WSD_EXPONENTIAL] = "exponential",
+                                        [LR_WSD_LINEAR] = "linear",
+                                        [LR_WSD_COSINE] = "cosine",
+                                        [LR_WSD_MINUS_SQRT] = "minus_sqrt"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(name, names[i]) == 0)
+            return (int)i;
+    return -1;
 }

@@ -59,10 +59,28 @@ void grad_scale_to(float *grads, size_t n, double norm, double max_norm);
 double grad_clip_on(struct kctx *K, float *grads, size_t n, double max_norm);
 void grad_scale_to_on(struct kctx *K, float *grads, size_t n, double norm, double max_norm);
 
-enum lr_schedule { LR_CONSTANT, LR_COSINE };
+/* The learning-rate schedule: verl's FSDP schedulers (constant, cosine) and Megatron's OptimizerParamScheduler
+ * (constant, linear, cosine, inverse-square-root, WSD), which agree where both have a style. */
+enum lr_style { LR_CONSTANT, LR_COSINE, LR_LINEAR, LR_INV_SQRT, LR_WSD };
+enum lr_wsd_style { LR_WSD_EXPONENTIAL, LR_WSD_LINEAR, LR_WSD_COSINE, LR_WSD_MINUS_SQRT };
+struct lr_schedule {
+    enum lr_style style;
+    enum lr_wsd_style wsd_style; /* WSD's anneal */
+    double lr;                   /* the peak */
+    double init_lr;              /* warm-up's start */
+    double min_lr;               /* the floor once decayed */
+    int64_t warmup;              /* linear warm-up steps */
+    int64_t decay_steps;         /* the decay ends here (Megatron's lr_decay_steps; the run's steps by default) */
+    int64_t wsd_steps;           /* WSD: the anneal's last steps before decay_steps */
+};
 
-/* Learning rate at training step `step` (0-based) of total: linear warm-up over warmup steps from 0, then
- * constant, or cosine down to min_lr_ratio * lr at total. */
-double lr_at(enum lr_schedule s, double lr, int64_t step, int64_t warmup, int64_t total, double min_lr_ratio);
+/* Learning rate at optimizer step `step` (0-based: the first update is step 0). Warm-up: steps 0..warmup rise
+ * linearly from init_lr to lr; then constant stays at lr; the others fall from lr at warmup to min_lr at
+ * decay_steps (linear, cosine; inverse-square-root: lr * sqrt(warmup / step), not below min_lr; WSD: lr until its
+ * anneal, then down to min_lr over wsd_steps) and stay at min_lr past it. */
+double lr_at(const struct lr_schedule *s, int64_t step);
+/* The style named by a config value (warmup_style / lr_scheduler_type / lr_decay_style), -1 if none. */
+int lr_style_named(const char *name);
+int lr_wsd_style_named(const char *name);
 
 #endif

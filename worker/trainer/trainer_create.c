@@ -520,6 +520,42 @@ static int load_data_scorers(struct trainer *t, char *err, size_t errlen)
     return 0;
 }
 
+/* The learning-rate schedule from the optimizer's keys (verl's FSDP and Megatron ones), over the run's steps. 0, or
+ * -1 (err) where Megatron's scheduler would refuse it. */
+static int lr_schedule_set(struct trainer *t, char *err, size_t errlen)
+{
+    const struct grpo_config *c = t->cfg;
+    const int64_t grpo_steps = t->st.total_steps - c->trainer_sft_warmup_steps;
+    struct lr_schedule *s = &t->lr;
+    s->style = (enum lr_style)lr_style_named(c->actor_optim_warmup_style);
+    s->wsd_style = (enum lr_wsd_style)lr_wsd_style_named(c->actor_optim_lr_wsd_decay_style);
+    s->lr = c->actor_optim_lr;
+    s->init_lr = c->actor_optim_lr_warmup_init;
+    s->min_lr = c->actor_optim_min_lr > 0 ? c->actor_optim_min_lr : c->actor_optim_min_lr_ratio * c->actor_optim_lr;
+    s->decay_steps = c->actor_optim_lr_decay_steps > 0 ? c->actor_optim_lr_decay_steps : t->st.total_steps;
+    s->wsd_steps = c->actor_optim_lr_wsd_decay_steps;
+    /* a warm-up given as a ratio: of the decay's steps (Megatron's), which are the run's GRPO steps by default */
+    s->warmup =
+        c->actor_optim_lr_warmup_steps >= 0
+            ? c->actor_optim_lr_warmup_steps
+            : (int64_t)(c->actor_optim_lr_warmup_steps_ratio *
+                        (double)(c->actor_optim_lr_decay_steps > 0 ? c->actor_optim_lr_decay_steps : grpo_steps));
+    if (c->actor_optim_lr_decay_steps > 0 && s->warmup >= s->decay_steps) {
+        error_set(err, errlen,
+                  KEY_actor_optim_lr_decay_steps "=%lld: the warm-up (%lld steps) must end before the decay does",
+                  (long long)s->decay_steps, (long long)s->warmup);
+        return -1;
+    }
+    if (s->style == LR_WSD && s->wsd_steps > s->decay_steps) {
+        error_set(err, errlen,
+                  KEY_actor_optim_lr_wsd_decay_steps
+                  "=%lld: longer than the decay (%lld steps, " KEY_actor_optim_lr_decay_steps " or the run's steps)",
+                  (long long)s->wsd_steps, (long long)s->decay_steps);
+        return -1;
+    }
+    return 0;
+}
+
 /* Stage optimizer: data cursor, AdamW's moments, run state, MFU peak, gradient device groups. 0, or -1 (err). */
 static int setup_optimizer(struct trainer *t, char *err, size_t errlen)
 {
@@ -535,9 +571,8 @@ static int setup_optimizer(struct trainer *t, char *err, size_t errlen)
     t->st.seed = (uint64_t)cfg->data_seed;
     t->st.config_digest = config_digest(cfg);
     t->st.total_steps = compute_total_steps(cfg, t->train.n) + cfg->trainer_sft_warmup_steps;
-    int64_t grpo_steps = t->st.total_steps - cfg->trainer_sft_warmup_steps;
-    t->warmup = cfg->actor_optim_lr_warmup_steps >= 0 ? cfg->actor_optim_lr_warmup_steps
-                                                      : (int64_t)(cfg->actor_optim_lr_warmup_steps_ratio * grpo_steps);
+    if (lr_schedule_set(t, err, errlen) != 0)
+        return -1;
     t->peak_flops = trainer_on_device(t) ? device_peak_flops(t->policy->K) : measure_peak_flops();
     trainer_device_dp_setup(t);
     if (trainer_on_device(t) &&

@@ -70,12 +70,12 @@ struct trainer {
     double wait_t0;            /* comm_wait_seconds() then: the step's time in collectives */
     struct kmem_stats gen_mem; /* the policy context's peaks in the step's generation (gen_mem_set) */
     bool gen_mem_set;
-    int peer_wants;       /* DP rank 0: the other DP ranks' reasons to end the run (trainer.c's WANTS_*) */
-    int peer_failed_rank; /* DP rank 0: a DP rank whose records could not be written (-1: none) */
-    char failure[1300];   /* why the run ended with an error, when it is not a step's own ("": none) */
-    int64_t warmup;
-    double peak_flops;  /* measured sgemm FLOP/s x threads, the MFU denominator */
-    bool share_prompts; /* shared-prompt packing in effect: the key, on the CPU (no CUDA attention for it yet) */
+    int peer_wants;        /* DP rank 0: the other DP ranks' reasons to end the run (trainer.c's WANTS_*) */
+    int peer_failed_rank;  /* DP rank 0: a DP rank whose records could not be written (-1: none) */
+    char failure[1300];    /* why the run ended with an error, when it is not a step's own ("": none) */
+    struct lr_schedule lr; /* the learning rate at each step (lr_at) */
+    double peak_flops;     /* measured sgemm FLOP/s x threads, the MFU denominator */
+    bool share_prompts;    /* shared-prompt packing in effect: the key, on the CPU (no CUDA attention for it yet) */
     struct policy_loss_params loss;
     enum loss_agg agg;
     enum adv_estimator est;

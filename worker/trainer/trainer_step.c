@@ -661,8 +661,7 @@ static double update_actor(struct trainer *t, int64_t k, struct step_batch *b, c
     test_collective_hang(t, k);
     const double t0 = clock_now_s();
     const struct grpo_config *c = t->cfg;
-    const double lr = lr_at(strcmp(c->actor_optim_warmup_style, "cosine") == 0 ? LR_COSINE : LR_CONSTANT,
-                            c->actor_optim_lr, k - 1, t->warmup, t->st.total_steps, c->actor_optim_min_lr_ratio);
+    const double lr = lr_at(&t->lr, k - 1);
     struct update_params up = {
         .loss = t->loss,
         .agg = t->agg,
