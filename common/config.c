@@ -1125,8 +1125,6 @@ static int validate_async(const struct grpo_config *c, struct cfg_error *err)
     else if (strcmp(c->rollout_weight_sync, "broadcast") == 0)
         key = "actor_rollout_ref.rollout.weight_sync=broadcast",
         what = "the weight broadcast (each rollout rank fetches the version it needs when it needs it)";
-    else if (c->rollout_tensor_model_parallel_size > 1)
-        key = "actor_rollout_ref.rollout.tensor_model_parallel_size", what = "rollout tensor parallelism";
     else if (c->trainer_sft_warmup_steps > 0)
         key = "trainer.sft_warmup_steps", what = "the supervised warm-start";
     else if (c->async_partial_rollout && config_records_routes(c))

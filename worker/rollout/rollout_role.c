@@ -96,6 +96,8 @@ enum {
     ENG_TOTAL,
     ENG_EPOCH,
     ENG_CURSOR,
+    ENG_PHASES,  /* a replayed fully-async unit: its phases (their versions and tokens follow the message) */
+    ENG_RTOKENS, /* and its tokens at each phase's end, phases x sequences */
     ENG_WORDS
 };
 
@@ -378,7 +380,38 @@ static bool after_decode(void *ud)
     struct rollout_rank *r = ud;
     static double sleep_s = -1;
     clock_test_sleep("GRPO_TEST_DECODE_SLEEP_S", &sleep_s);
-    return r->env->cfg->async_partial_rollout && r->replaying == 0 && work_client_latest(r->work) > r->version;
+    if (!r->env->cfg->async_partial_rollout || r->replaying)
+        return false;
+    /* with rollout TP the head decides for its group (only it hears the dispatcher), which stops at the same token
+     * on every rank: the model's collectives need the whole group */
+    int64_t newer = r->head && work_client_latest(r->work) > r->version;
+    if (r->eng)
+        comm_broadcast_polled(r->eng, &newer, 1, COMM_I64, 0, NULL, NULL);
+    return newer != 0;
+}
+
+static void reshard_recv(struct rollout_rank *r, int64_t version, size_t bucket);
+
+/* A peer of a TP group at a fully-async unit's phase break: the head's next version, resharded (the head's
+ * keep-alive words while it fetches it are passed over). */
+static void peer_take_version(struct rollout_rank *r)
+{
+    const size_t bucket = (size_t)r->env->cfg->rollout_update_weights_bucket_megabytes << 20;
+    for (;;) {
+        int64_t msg[ENG_WORDS] = {0};
+        comm_broadcast_polled(r->eng, msg, ENG_WORDS, COMM_I64, 0, control_wait_poll, r->env->ctl);
+        if (msg[ENG_KIND] == ENG_WAIT)
+            continue;
+        if (msg[ENG_KIND] != ENG_WEIGHTS)
+            check_failf(__FILE__, __LINE__,
+                        "rollout TP peer: the group's head sent message kind %lld in a unit's phase break, where only "
+                        "a policy version can come",
+                        (long long)msg[ENG_KIND]);
+        control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_WEIGHT_SYNC);
+        reshard_recv(r, msg[ENG_VERSION], bucket);
+        control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_GEN);
+        return;
+    }
 }
 
 /* Fully-async training: unit g in phases, each with the version the model holds (docs/training.md). Live, with
@@ -404,13 +437,16 @@ static void generate_phases(struct rollout_rank *r, const struct work_grant *g, 
     for (int phase = 0;; phase++) {
         if (g->n_phases > 0) { /* replay: this phase's version, until each sequence holds its recorded tokens */
             const bool last = phase >= g->n_phases - 1;
-            if (phase > 0 && phase < g->n_phases) {
+            if (phase > 0 && phase < g->n_phases && !r->head) {
+                peer_take_version(r);
+            } else if (phase > 0 && phase < g->n_phases) {
                 const double t0 = clock_now_s();
                 for (bool said = false; take_version(r, g->replay_versions[phase], err, sizeof err) != 0;) {
                     if (!said) /* its version is not out yet: the trainers publish it */
                         log_debug("rollout", "replay: chunk %lld unit %d waits for version %lld (%s)",
                                   (long long)g->step, g->unit, (long long)g->replay_versions[phase], err);
                     said = true;
+                    eng_keepalive(r);
                     control_wait_poll(r->env->ctl, false);
                     clock_sleep_s(0.05);
                 }
@@ -429,6 +465,10 @@ static void generate_phases(struct rollout_rank *r, const struct work_grant *g, 
                 break;
             /* paused at a push: the newest version, then on */
             const double t0 = clock_now_s();
+            if (!r->head) {
+                peer_take_version(r);
+                continue;
+            }
             const int64_t v = work_client_latest(r->work);
             if (take_version(r, v, err, sizeof err) != 0)
                 check_failf(__FILE__, __LINE__, "partial rollout: version %lld: %s", (long long)v, err);
@@ -672,6 +712,15 @@ static void peer_next(struct rollout_rank *r, struct work_grant *g)
         g->total_steps = msg[ENG_TOTAL];
         g->start_epoch = msg[ENG_EPOCH];
         g->start_cursor = msg[ENG_CURSOR];
+        g->n_phases = (int)msg[ENG_PHASES];
+        g->n_replay_tokens = (int)msg[ENG_RTOKENS];
+        if (g->kind == WORK_UNIT && g->n_phases > 0) { /* a replayed unit's schedule, as the head got it */
+            g->replay_versions = xmalloc((size_t)g->n_phases * sizeof *g->replay_versions);
+            g->replay_tokens = xmalloc((size_t)(g->n_replay_tokens > 0 ? g->n_replay_tokens : 1) * sizeof(int32_t));
+            comm_broadcast_polled(r->eng, g->replay_versions, (size_t)g->n_phases, COMM_I64, 0, NULL, NULL);
+            if (g->n_replay_tokens > 0)
+                comm_broadcast_polled(r->eng, g->replay_tokens, (size_t)g->n_replay_tokens, COMM_I32, 0, NULL, NULL);
+        }
         snprintf(g->reason, sizeof g->reason, "the group's first rank heard the end");
         return;
     }
@@ -688,8 +737,15 @@ static void head_tell(struct rollout_rank *r, const struct work_grant *g)
                               g->start,
                               g->total_steps,
                               g->start_epoch,
-                              g->start_cursor};
+                              g->start_cursor,
+                              g->kind == WORK_UNIT ? g->n_phases : 0,
+                              g->kind == WORK_UNIT ? g->n_replay_tokens : 0};
     eng_send(r, msg);
+    if (g->kind == WORK_UNIT && g->n_phases > 0) { /* a replayed unit's schedule: the peers pause where it says */
+        comm_broadcast_polled(r->eng, g->replay_versions, (size_t)g->n_phases, COMM_I64, 0, NULL, NULL);
+        if (g->n_replay_tokens > 0)
+            comm_broadcast_polled(r->eng, g->replay_tokens, (size_t)g->n_replay_tokens, COMM_I32, 0, NULL, NULL);
+    }
 }
 
 /* The dispatcher's next word: a unit (with its policy version in the model), or the end. Waiting (for the
