@@ -1071,6 +1071,15 @@ int config_resolve(struct grpo_config *c, struct cfg_error *err)
         c->async_enable = true;
         set_origin(c, en, "async_training.* given");
     }
+    /* verl's trainers without dynamic sampling train each round whole: the PPO trainer's data loader draws
+     * gen_batch_size prompts a step, and DAPO's with filter_groups off trains the round it drew (train_batch_size
+     * counts only the groups dynamic sampling keeps). Fully-async training streams its prompts (below) */
+    if (!c->async_enable && !c->alg_filter_groups_enable && c->data_gen_batch_size > 0 &&
+        c->data_gen_batch_size != c->data_train_batch_size) {
+        c->data_train_batch_size = c->data_gen_batch_size;
+        set_origin(c, config_find(KEY_data_train_batch_size),
+                   "data.gen_batch_size without algorithm.filter_groups.enable: verl trains each round whole");
+    }
     if (!c->async_enable)
         return 0;
     const long long R = c->async_require_batches * c->actor_ppo_mini_batch_size;
@@ -1250,15 +1259,11 @@ int config_validate(const struct grpo_config *c, struct cfg_error *err)
         return -1;
     }
     if (c->data_gen_batch_size && c->data_gen_batch_size != c->data_train_batch_size &&
-        (!c->alg_filter_groups_enable || c->trainer_sft_warmup_steps > 0)) {
+        c->trainer_sft_warmup_steps > 0) { /* (without dynamic sampling config_resolve made them one) */
         errf(err,
-             "%s: data.gen_batch_size=%lld with data.train_batch_size=%lld%s: generation rounds of another size "
-             "than the step's batch %s",
-             origin_of(c, "data.gen_batch_size"), c->data_gen_batch_size, c->data_train_batch_size,
-             c->alg_filter_groups_enable ? " and trainer.sft_warmup_steps" : "",
-             c->alg_filter_groups_enable ? "with a supervised warm-start (not available yet)"
-                                         : "without algorithm.filter_groups.enable (not available yet: verl's DAPO "
-                                           "trainer fills the step's batch from the rounds by dynamic sampling)");
+             "%s: data.gen_batch_size=%lld with data.train_batch_size=%lld and trainer.sft_warmup_steps: generation "
+             "rounds of another size than the step's batch with a supervised warm-start (not available yet)",
+             origin_of(c, "data.gen_batch_size"), c->data_gen_batch_size, c->data_train_batch_size);
         return -1;
     }
     if (c->data_synthetic_min_digits > c->data_synthetic_max_digits) {

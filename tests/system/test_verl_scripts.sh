@@ -169,4 +169,23 @@ PY
 expect "each step's rounds stop when 2 groups with reward variance are kept, at most 3 rounds" $?
 ! grep -q "warn .*reward: sample" "$TMP/dapo.out"; expect "every response scored (DAPO)" $?
 ! crashed "$TMP/dapo.out"; expect "no crash (DAPO)" $?
-finish "$TMP/run.out" "$TMP/dapo.out"
+# --- verl's DAPO recipe with dynamic sampling off (recipe/dapo/run_dapo_qwen3_8b_base_npu.sh: data.gen_batch_size=48,
+# data.train_batch_size=16, algorithm.filter_groups.enable=False): verl's DAPO trainer trains each round whole, so a
+# step takes gen_batch_size prompts. Here gen_batch_size=4 and train_batch_size=2 on 8 prompts: 2 steps of 4 groups
+mapfile -t args < <(overrides tests/fixtures/verl/scripts/v0.9.0/dapo__run_dapo_qwen3_8b_base_npu.args)
+timeout "$(scaled 300)" "$WORKER" "${args[@]}" \
+    actor_rollout_ref.model.path="$TMP/tiny" data.train_files="$TMP/parity.parquet" data.val_files="$TMP/parity.parquet" \
+    data.gen_batch_size=4 data.train_batch_size=2 actor_rollout_ref.actor.ppo_mini_batch_size=2 \
+    actor_rollout_ref.rollout.n=2 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 data.max_prompt_length=320 \
+    data.max_response_length=8 actor_rollout_ref.actor.ulysses_sequence_parallel_size=1 \
+    actor_rollout_ref.ref.ulysses_sequence_parallel_size=1 actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
+    trainer.n_gpus_per_node=1 trainer.total_training_steps=null trainer.val_before_train=false trainer.test_freq=-1 \
+    trainer.save_freq=-1 custom_reward_function.path=tests/fixtures/rewards/verl_reward.py \
+    trainer.rollout_data_dir="$TMP/rounds/audit" trainer.default_local_dir="$TMP/rounds" >"$TMP/rounds.out" 2>&1
+rc=$?
+expect "verl's DAPO recipe without dynamic sampling runs on a tiny model (rc $rc)" $rc
+says "$TMP/rounds.out" "8 train / 8 val prompts, 2 steps"; expect "rounds of gen_batch_size=4 prompts: 2 steps" $?
+[ "$(grep -c . "$TMP/rounds/audit/1.jsonl")" -eq 8 ] && [ "$(grep -c . "$TMP/rounds/audit/2.jsonl")" -eq 8 ]
+expect "each step trains its whole round: 4 prompts x 2 responses (not train_batch_size=2's 4)" $?
+! crashed "$TMP/rounds.out"; expect "no crash (DAPO without dynamic sampling)" $?
+finish "$TMP/run.out" "$TMP/dapo.out" "$TMP/rounds.out"

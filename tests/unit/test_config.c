@@ -649,13 +649,27 @@ static void test_verl_fallbacks(void **state)
     assert_int_equal(config_total_steps(&c, 100), 5);
     assert_int_equal(config_apply_override(&c, "trainer.total_training_steps=-1", &err), 0);
     assert_int_equal(config_total_steps(&c, 100), 36);
-    /* DAPO: gen_batch_size equal to the batch (or unset) runs; another size is refused by name */
+    /* DAPO: gen_batch_size equal to the batch (or unset) runs; another size without dynamic sampling is the step's
+     * batch, as verl's trainers train each round whole (train_batch_size takes it, saying why) */
     assert_int_equal(config_apply_override(&c, "actor_rollout_ref.actor.ppo_mini_batch_size=8", &err), 0);
     assert_int_equal(config_apply_override(&c, "data.gen_batch_size=8", &err), 0);
     assert_int_equal(config_validate(&c, &err), 0);
     assert_int_equal(config_apply_override(&c, "data.gen_batch_size=24", &err), 0);
+    assert_int_equal(config_resolve(&c, &err), 0);
+    assert_int_equal(config_validate(&c, &err), 0);
+    assert_int_equal(c.data_train_batch_size, 24);
+    assert_non_null(
+        strstr(c.origin[config_find("data.train_batch_size") - config_key(0)], "verl trains each round whole"));
+    /* with dynamic sampling the rounds fill the batch; not with a supervised warm-start */
+    assert_int_equal(config_apply_override(&c, "data.train_batch_size=8", &err), 0);
+    assert_int_equal(config_apply_override(&c, "algorithm.filter_groups.enable=true", &err), 0);
+    assert_int_equal(config_resolve(&c, &err), 0);
+    assert_int_equal(c.data_train_batch_size, 8);
+    assert_int_equal(config_validate(&c, &err), 0);
+    assert_int_equal(config_apply_override(&c, "trainer.sft_warmup_steps=1", &err), 0);
     assert_int_not_equal(config_validate(&c, &err), 0);
     assert_non_null(strstr(err.msg, "data.gen_batch_size=24"));
+    assert_non_null(strstr(err.msg, "supervised warm-start"));
     config_free(&c);
 }
 
