@@ -9,6 +9,9 @@
 #    and the split run's audit lines carry the response mask (0 on the answers' tokens) and the conversation
 #    (the user's answer in messages) across the data plane;
 #  - one-step-off (rollout.mode=async) runs multi-turn too;
+#  - fully-async training with partial rollout off: staleness 0 + a push every step equals the on-policy 1+1 run bit
+#    for bit; staleness 1 + a push every 2 steps passes the float64 stream check and replays bit-identically; with
+#    partial rollout on it is refused by name;
 #  - a tool config that does not load stops the run at start naming FILE:LINE.
 # usage: test_multi_turn.sh (the build's programs by name, tests/lib.sh)
 set -u
@@ -88,6 +91,45 @@ out=$(python3 -c "import json,sys; print(max(r.get('num_turns/max', 0) for r in 
     "$TMP/async/p/e/metrics.jsonl")
 [ "${out%.*}" -gt 2 ] 2>/dev/null
 expect "one-step-off trajectories have answers (num_turns/max $out)" $?
+
+# fully-async training (async_training.*) with partial rollout off: each trajectory is generated whole with the
+# version its unit was granted. Staleness 0 with a push every step is the on-policy split run of the same ranks, bit
+# for bit; staleness 1 with a push every 2 steps passes check_fully_async.py (trajectories a push stale trained, the
+# schedule against the audit), and the replay of its schedule ends bit-identical
+# shellcheck disable=SC2046
+"${MPIRUN[@]}" -np 2 "$WORKER" $(common llama) "${MT[@]}" trainer.default_local_dir="$TMP/sync11" \
+    placement.trainer_ranks=1 placement.rollout_ranks=1 >"$TMP/sync11.log" 2>&1
+expect "split 1+1 on-policy multi-turn run finishes" $?
+FA=(data.train_batch_size=0 async_training.require_batches=2 async_training.partial_rollout=false
+    placement.trainer_ranks=1 placement.rollout_ranks=1)
+# shellcheck disable=SC2046
+"${MPIRUN[@]}" -np 2 "$WORKER" $(common llama) "${MT[@]}" "${FA[@]}" async_training.staleness_threshold=0 \
+    async_training.trigger_parameter_sync_step=1 trainer.default_local_dir="$TMP/fa0" >"$TMP/fa0.log" 2>&1
+expect "fully-async multi-turn run, staleness 0, a push every step, finishes" $?
+"$COMPARE" "$(ckpt sync11 $STEPS)/actor" "$(ckpt fa0 $STEPS)/actor" 0 >"$TMP/cmp-fa0.txt" 2>&1
+expect "fully-async multi-turn, staleness 0 + trigger 1: weights bit-identical to the on-policy 1+1 run ($(cat "$TMP/cmp-fa0.txt"))" $?
+FA1=("${FA[@]}" async_training.staleness_threshold=1 async_training.trigger_parameter_sync_step=2
+    trainer.total_training_steps=4 trainer.save_freq=2)
+# shellcheck disable=SC2046
+"${MPIRUN[@]}" -np 2 "$WORKER" $(common llama) "${MT[@]}" "${FA1[@]}" trainer.default_local_dir="$TMP/fa1" \
+    trainer.rollout_data_dir="$TMP/fa1/audit" >"$TMP/fa1.log" 2>&1
+expect "fully-async multi-turn run, staleness 1, a push every 2 steps, finishes" $?
+python3 "$(dirname "$0")/check_fully_async.py" "$TMP/fa1/p/e" "$TMP/fa1/audit" 2 1 4 >"$TMP/check-fa1.txt" 2>&1
+expect "float64 check of its stream and staleness ($(tail -1 "$TMP/check-fa1.txt"))" $?
+out=$(python3 -c "import json,sys; print(max(r.get('num_turns/max', 0) for r in map(json.loads, open(sys.argv[1]))))" \
+    "$TMP/fa1/p/e/metrics.jsonl")
+[ "${out%.*}" -gt 2 ] 2>/dev/null
+expect "fully-async trajectories have answers (num_turns/max $out)" $?
+# shellcheck disable=SC2046
+"${MPIRUN[@]}" -np 2 "$WORKER" $(common llama) "${MT[@]}" "${FA1[@]}" trainer.default_local_dir="$TMP/fa1r" \
+    async_training.replay_schedule="$TMP/fa1/p/e/async_schedule.jsonl" >"$TMP/fa1r.log" 2>&1
+expect "the replay of its schedule finishes" $?
+"$COMPARE" "$(ckpt fa1 4)/actor" "$(ckpt fa1r 4)/actor" 0 >"$TMP/cmp-fa1.txt" 2>&1
+expect "replay: weights bit-identical to the recorded fully-async multi-turn run ($(cat "$TMP/cmp-fa1.txt"))" $?
+# shellcheck disable=SC2046
+"$WORKER" $(common llama) "${MT[@]}" "${FA[@]}" async_training.partial_rollout=true --print-config >"$TMP/fa-pr.log" 2>&1
+[ $? -eq 2 ] && grep -q "multi-turn (tool agent) rollouts continued across a push" "$TMP/fa-pr.log"
+expect "with partial rollout on, multi-turn fully-async training is refused by name" $?
 
 printf 'tools:\n  - class_name: my.Unknown\n' >"$TMP/bad-tools.yaml"
 # shellcheck disable=SC2046
