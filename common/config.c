@@ -1129,11 +1129,6 @@ static int validate_async(const struct grpo_config *c, struct cfg_error *err)
         key = "algorithm.filter_groups.enable", what = "DAPO's dynamic sampling";
     else if (c->data_gen_batch_size > 0)
         key = "data.gen_batch_size", what = "DAPO's generation rounds";
-    else if (c->async_partial_rollout &&
-             (c->rollout_multi_turn_enable || strcmp(c->rollout_agent_default_agent_loop, "tool_agent") == 0))
-        key = "actor_rollout_ref.rollout.multi_turn.enable",
-        what = "multi-turn (tool agent) rollouts continued across a push (async_training.partial_rollout=true; "
-               "with false each trajectory is generated whole with one version)";
     else if (strcmp(c->rollout_weight_sync, "broadcast") == 0)
         key = "actor_rollout_ref.rollout.weight_sync=broadcast",
         what = "the weight broadcast (each rollout rank fetches the version it needs when it needs it)";

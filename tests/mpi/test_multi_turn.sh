@@ -9,15 +9,16 @@
 #    and the split run's audit lines carry the response mask (0 on the answers' tokens) and the conversation
 #    (the user's answer in messages) across the data plane;
 #  - one-step-off (rollout.mode=async) runs multi-turn too;
-#  - fully-async training with partial rollout off: staleness 0 + a push every step equals the on-policy 1+1 run bit
-#    for bit; staleness 1 + a push every 2 steps passes the float64 stream check and replays bit-identically; with
-#    partial rollout on it is refused by name;
+#  - fully-async training: staleness 0 + a push every step equals the on-policy 1+1 run bit for bit; with partial
+#    rollout (trajectories continued with new weights mid-turn) and without it, the float64 stream check and a
+#    bit-identical replay;
 #  - a tool config that does not load stops the run at start naming FILE:LINE.
 # usage: test_multi_turn.sh (the build's programs by name, tests/lib.sh)
 set -u
 . "$(dirname "$0")/../lib.sh" grpo-mt
 test_env
-MPIRUN=(timeout "$(scaled 300)" mpirun --oversubscribe --bind-to none)
+MPIRUN=(timeout "$(scaled 300)" mpirun --oversubscribe --bind-to none -x GRPO_TEST_DECODE_SLEEP_S -x GRPO_TEST_ANSWER_DELAY_S)
+export GRPO_TEST_DECODE_SLEEP_S=0 GRPO_TEST_ANSWER_DELAY_S=0
 . "$(dirname "$0")/equiv_lib.sh"
 
 cat >"$TMP/again.yaml" <<'EOF'
@@ -92,44 +93,72 @@ out=$(python3 -c "import json,sys; print(max(r.get('num_turns/max', 0) for r in 
 [ "${out%.*}" -gt 2 ] 2>/dev/null
 expect "one-step-off trajectories have answers (num_turns/max $out)" $?
 
-# fully-async training (async_training.*) with partial rollout off: each trajectory is generated whole with the
-# version its unit was granted. Staleness 0 with a push every step is the on-policy split run of the same ranks, bit
-# for bit; staleness 1 with a push every 2 steps passes check_fully_async.py (trajectories a push stale trained, the
-# schedule against the audit), and the replay of its schedule ends bit-identical
+# fully-async training (async_training.*): staleness 0 with a push every step is the on-policy split run of the same
+# ranks, bit for bit. With partial rollout and a slow engine (GRPO_TEST_DECODE_SLEEP_S), staleness 1, a push every
+# step, slow answers (GRPO_TEST_ANSWER_DELAY_S): trajectories go on with the new weights in the middle of their
+# model turns and while they wait for answers (their caches recomputed, an answer appended in the phase it comes), check_fully_async.py recomputes the stream, each token's version and
+# the staleness in float64, and the replay of its schedule (each trajectory stopped at its recorded tokens, an answer
+# held past them for the next version) ends bit-identical with the same schedule. With partial rollout off, staleness
+# 1 and a push every 2 steps, whole trajectories of one version each: the same checks
 # shellcheck disable=SC2046
 "${MPIRUN[@]}" -np 2 "$WORKER" $(common llama) "${MT[@]}" trainer.default_local_dir="$TMP/sync11" \
     placement.trainer_ranks=1 placement.rollout_ranks=1 >"$TMP/sync11.log" 2>&1
 expect "split 1+1 on-policy multi-turn run finishes" $?
-FA=(data.train_batch_size=0 async_training.require_batches=2 async_training.partial_rollout=false
-    placement.trainer_ranks=1 placement.rollout_ranks=1)
+FA=(data.train_batch_size=0 async_training.require_batches=2 placement.trainer_ranks=1 placement.rollout_ranks=1)
 # shellcheck disable=SC2046
 "${MPIRUN[@]}" -np 2 "$WORKER" $(common llama) "${MT[@]}" "${FA[@]}" async_training.staleness_threshold=0 \
     async_training.trigger_parameter_sync_step=1 trainer.default_local_dir="$TMP/fa0" >"$TMP/fa0.log" 2>&1
 expect "fully-async multi-turn run, staleness 0, a push every step, finishes" $?
 "$COMPARE" "$(ckpt sync11 $STEPS)/actor" "$(ckpt fa0 $STEPS)/actor" 0 >"$TMP/cmp-fa0.txt" 2>&1
 expect "fully-async multi-turn, staleness 0 + trigger 1: weights bit-identical to the on-policy 1+1 run ($(cat "$TMP/cmp-fa0.txt"))" $?
-FA1=("${FA[@]}" async_training.staleness_threshold=1 async_training.trigger_parameter_sync_step=2
-    trainer.total_training_steps=4 trainer.save_freq=2)
-# shellcheck disable=SC2046
-"${MPIRUN[@]}" -np 2 "$WORKER" $(common llama) "${MT[@]}" "${FA1[@]}" trainer.default_local_dir="$TMP/fa1" \
-    trainer.rollout_data_dir="$TMP/fa1/audit" >"$TMP/fa1.log" 2>&1
-expect "fully-async multi-turn run, staleness 1, a push every 2 steps, finishes" $?
-python3 "$(dirname "$0")/check_fully_async.py" "$TMP/fa1/p/e" "$TMP/fa1/audit" 2 1 4 >"$TMP/check-fa1.txt" 2>&1
-expect "float64 check of its stream and staleness ($(tail -1 "$TMP/check-fa1.txt"))" $?
-out=$(python3 -c "import json,sys; print(max(r.get('num_turns/max', 0) for r in map(json.loads, open(sys.argv[1]))))" \
-    "$TMP/fa1/p/e/metrics.jsonl")
-[ "${out%.*}" -gt 2 ] 2>/dev/null
-expect "fully-async trajectories have answers (num_turns/max $out)" $?
-# shellcheck disable=SC2046
-"${MPIRUN[@]}" -np 2 "$WORKER" $(common llama) "${MT[@]}" "${FA1[@]}" trainer.default_local_dir="$TMP/fa1r" \
-    async_training.replay_schedule="$TMP/fa1/p/e/async_schedule.jsonl" >"$TMP/fa1r.log" 2>&1
-expect "the replay of its schedule finishes" $?
-"$COMPARE" "$(ckpt fa1 4)/actor" "$(ckpt fa1r 4)/actor" 0 >"$TMP/cmp-fa1.txt" 2>&1
-expect "replay: weights bit-identical to the recorded fully-async multi-turn run ($(cat "$TMP/cmp-fa1.txt"))" $?
-# shellcheck disable=SC2046
-"$WORKER" $(common llama) "${MT[@]}" "${FA[@]}" async_training.partial_rollout=true --print-config >"$TMP/fa-pr.log" 2>&1
-[ $? -eq 2 ] && grep -q "multi-turn (tool agent) rollouts continued across a push" "$TMP/fa-pr.log"
-expect "with partial rollout on, multi-turn fully-async training is refused by name" $?
+# fa_case NAME PARTIAL_FLAG OVERRIDES...: the run, the float64 check (--partial: some trajectory spans versions),
+# answers in its trajectories, and its replay bit-identical with the same schedule
+fa_case() {
+    local name="$1" flag="$2"; shift 2
+    # shellcheck disable=SC2046
+    "${MPIRUN[@]}" -np 2 "$WORKER" $(common llama) "${MT[@]}" "${FA[@]}" "$@" trainer.total_training_steps=4 \
+        trainer.save_freq=2 trainer.default_local_dir="$TMP/$name" trainer.rollout_data_dir="$TMP/$name/audit" \
+        >"$TMP/$name.log" 2>&1
+    expect "$name: the fully-async multi-turn run finishes" $?
+    python3 "$(dirname "$0")/check_fully_async.py" "$TMP/$name/p/e" "$TMP/$name/audit" "$T" "$S" 4 $flag \
+        >"$TMP/check-$name.txt" 2>&1
+    expect "$name: float64 check of its stream, versions and staleness ($(tail -1 "$TMP/check-$name.txt"))" $?
+    local turns
+    turns=$(python3 -c "import json,sys; print(max(r.get('num_turns/max', 0) for r in map(json.loads, open(sys.argv[1]))))" \
+        "$TMP/$name/p/e/metrics.jsonl")
+    [ "${turns%.*}" -gt 2 ] 2>/dev/null
+    expect "$name: trajectories have answers (num_turns/max $turns)" $?
+    if [ -n "$flag" ]; then
+        out=$(python3 - "$TMP/$name/audit" <<'PY'
+import glob, json, sys
+mid = answer = 0
+for f in glob.glob(sys.argv[1] + "/*.jsonl"):
+    for r in map(json.loads, open(f)):
+        v, m = r.get("policy_versions") or [], r.get("response_mask") or []
+        for t in range(1, len(v)):
+            if v[t] != v[t - 1] and m:
+                mid += m[t] == 1
+                answer += m[t] == 0 and m[t - 1] == 1
+print(f"{mid} switches in a model turn, {answer} at an answer that came after the push")
+sys.exit(0 if mid and answer else 1)
+PY
+)
+        expect "$name: versions switch in the middle of model turns and while trajectories wait for answers ($out)" $?
+    fi
+    # shellcheck disable=SC2046
+    GRPO_TEST_DECODE_SLEEP_S=0 GRPO_TEST_ANSWER_DELAY_S=0 "${MPIRUN[@]}" -np 2 "$WORKER" $(common llama) "${MT[@]}" "${FA[@]}" "$@" \
+        trainer.total_training_steps=4 trainer.save_freq=2 trainer.default_local_dir="$TMP/${name}r" \
+        async_training.replay_schedule="$TMP/$name/p/e/async_schedule.jsonl" >"$TMP/${name}r.log" 2>&1
+    expect "$name: the replay of its schedule finishes" $?
+    "$COMPARE" "$(ckpt "$name" 4)/actor" "$(ckpt "${name}r" 4)/actor" 0 >"$TMP/cmp-$name.txt" 2>&1
+    expect "$name: replay weights bit-identical to the recorded run ($(cat "$TMP/cmp-$name.txt"))" $?
+    cmp -s "$TMP/$name/p/e/async_schedule.jsonl" "$TMP/${name}r/p/e/async_schedule.jsonl"
+    expect "$name: the replay writes the same schedule" $?
+}
+T=1 S=1 GRPO_TEST_DECODE_SLEEP_S=0.004 GRPO_TEST_ANSWER_DELAY_S=0.2 fa_case fapartial --partial async_training.staleness_threshold=1 \
+    async_training.trigger_parameter_sync_step=1
+T=2 S=1 fa_case fawhole "" async_training.partial_rollout=false async_training.staleness_threshold=1 \
+    async_training.trigger_parameter_sync_step=2
 
 printf 'tools:\n  - class_name: my.Unknown\n' >"$TMP/bad-tools.yaml"
 # shellcheck disable=SC2046

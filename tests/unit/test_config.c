@@ -257,7 +257,6 @@ static void test_fully_async_keys(void **state)
     static const char *const refused[][2] = {
         {"algorithm.filter_groups.enable=true", "DAPO's dynamic sampling"},
         {"actor_rollout_ref.rollout.weight_sync=broadcast", "the weight broadcast"},
-        {"actor_rollout_ref.rollout.multi_turn.enable=true", "multi-turn"},
         {"algorithm.adv_estimator=remax", "ReMax"},
     };
     for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {

@@ -401,6 +401,10 @@ static void *worker_main(void *arg)
         pthread_mutex_unlock(&e->mu);
         int n = 0;
         int32_t *ids = take_turn(e, traj_at(e, j->traj), j, &n);
+        /* for the tests only: GRPO_TEST_ANSWER_DELAY_S=S makes every answer S seconds slower (a slow tool, so that
+         * weight pushes come while trajectories wait for their answers) */
+        static double delay_s = -1;
+        clock_test_sleep("GRPO_TEST_ANSWER_DELAY_S", &delay_s);
         reply(e, j->traj, ids, n);
         free(j->ids);
         free(j);

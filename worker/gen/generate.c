@@ -356,6 +356,22 @@ void gen_unit_begin(const struct gen_ctx *r, struct gen_unit *u, const struct pr
         u->ids[p] = prompts[p]->ids;
         u->lens[p] = prompts[p]->len;
     }
+    bool multi = false; /* as gen_responses decides */
+    for (int p = 0; r->env && p < n_prompts; p++)
+        multi |= prompts[p]->tool_agent;
+    if (!multi)
+        return;
+    const size_t np = (size_t)(n_prompts ? n_prompts : 1);
+    u->msgs = xmalloc(np * sizeof *u->msgs), u->extra = xmalloc(np * sizeof *u->extra);
+    u->agent = xmalloc(np * sizeof *u->agent);
+    for (int p = 0; p < n_prompts; p++) {
+        u->msgs[p] = prompts[p]->messages_json;
+        u->extra[p] = prompts[p]->extra_info;
+        u->agent[p] = prompts[p]->tool_agent ? "tool_agent" : "single_turn_agent";
+    }
+    u->sums = xcalloc((size_t)(total ? total : 1), sizeof *u->sums);
+    u->mtr = gen_multi_turn_begin(r->policy, r->env, u->ids, u->lens, u->msgs, u->extra, u->agent, n_prompts, &u->gp,
+                                  u->out, u->sums, r->mt);
 }
 
 int gen_unit_phase(const struct gen_ctx *r, struct gen_unit *u, int64_t version, const int *pause_at,
@@ -371,7 +387,9 @@ int gen_unit_phase(const struct gen_ctx *r, struct gen_unit *u, int64_t version,
     int *before = xmalloc((size_t)(total ? total : 1) * sizeof(int));
     for (int i = 0; i < total; i++)
         before[i] = u->phases > 0 ? u->out[i].len : 0;
-    const int open = u->n_prompts > 0 ? model_generate_phase(r->policy, u->ids, u->lens, u->n_prompts, &gp, u->out) : 0;
+    const int open = u->mtr             ? gen_multi_turn_phase(u->mtr, pause_at, should_pause, ud)
+                     : u->n_prompts > 0 ? model_generate_phase(r->policy, u->ids, u->lens, u->n_prompts, &gp, u->out)
+                                        : 0;
     if (u->phases == 0)
         u->version_first = version;
     for (int i = 0; i < total; i++) {
@@ -390,7 +408,12 @@ void gen_unit_finish(const struct gen_ctx *r, struct gen_unit *u, struct step_ba
 {
     const int total = u->n_prompts * u->n, first_seq = b->n_seq;
     *t_gen += u->t_gen;
-    score_into(r, u->prompts, u->uids, u->n_prompts, u->first_group, u->n, &u->gp, u->out, NULL, b, t_gen, t_reward);
+    gen_multi_turn_end(u->mtr); /* (the summaries go to score_into, which frees them) */
+    u->mtr = NULL;
+    score_into(r, u->prompts, u->uids, u->n_prompts, u->first_group, u->n, &u->gp, u->out, u->sums, b, t_gen, t_reward);
+    u->sums = NULL;
+    free(u->msgs), free(u->extra), free(u->agent);
+    u->msgs = u->extra = u->agent = NULL;
     /* each sequence's versions: kept only where they are not all the first */
     for (int k = 0; k < total; k++) {
         struct rollout_seq *rs = &b->seqs[first_seq + k];

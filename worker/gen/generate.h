@@ -80,6 +80,11 @@ struct gen_unit {
     int phases;
     int64_t version_first;
     double t_gen;
+    /* multi-turn rollouts: the generation in phases (NULL: single-turn), the trajectories' summaries and what the
+     * environment's begin gets */
+    struct mt_run *mtr;
+    struct turn_summary *sums;
+    const char **msgs, **extra, **agent;
 };
 /* Start unit u: its prompts are group first_group on of the step (as gen_generate_and_score's). */
 void gen_unit_begin(const struct gen_ctx *r, struct gen_unit *u, const struct prompt_item *const *prompts,

@@ -34,6 +34,20 @@ void gen_generate_multi_turn(struct model *m, struct turn_env *env, const int32_
                              const char *const *agent, int n_prompts, const struct gen_params *gp,
                              struct gen_output *out, struct turn_summary *sums, struct multi_turn_stats *st);
 
+/* The same in phases (fully-async training's partial rollout): begin sets it up (the arrays it is given are the
+ * caller's and must live until end); each phase runs with the weights the model holds then, every trajectory's
+ * cache recomputed from its tokens when it is not the first, until every trajectory is done (returns 0) or
+ * should_pause(ud) says so after a model step, or, with pause_at (total entries, -1: none), until each trajectory
+ * holds pause_at[i] tokens (an answer the trajectory would append past it is held for the next phase). Returns the
+ * trajectories left; their turns with the environment go on between phases. */
+struct mt_run;
+struct mt_run *gen_multi_turn_begin(struct model *m, struct turn_env *env, const int32_t *const *prompts,
+                                    const int *prompt_lens, const char *const *messages, const char *const *extra,
+                                    const char *const *agent, int n_prompts, const struct gen_params *gp,
+                                    struct gen_output *out, struct turn_summary *sums, struct multi_turn_stats *st);
+int gen_multi_turn_phase(struct mt_run *g, const int *pause_at, bool (*should_pause)(void *ud), void *ud);
+void gen_multi_turn_end(struct mt_run *g);
+
 void gen_turn_summary_free(struct turn_summary *s);
 
 #endif

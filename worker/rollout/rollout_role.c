@@ -496,18 +496,12 @@ static void generate_unit(struct rollout_rank *r, const struct work_grant *g, st
     struct sampler_params sp = {(float)c->rollout_temperature, (float)c->rollout_top_p, (int)c->rollout_top_k};
     control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_GEN);
     u->version_first = g->version;
-    if (c->async_enable && !gen_multi_turn(c)) {
+    if (c->async_enable)
         generate_phases(r, g, prompts + lo, idx + lo, hi - lo, lo, &sp, u);
-    } else {
-        /* (fully-async multi-turn rollouts: partial rollout is off, so each trajectory is generated whole with the
-         * version the unit was granted with, a replayed one's recorded version) */
-        const int first_seq = u->batch.n_seq;
+    else
         gen_generate_and_score(&r->rc, prompts + lo, idx + lo, hi - lo, lo, &sp, (int)c->rollout_n,
                                rollout_step_seed((uint64_t)c->data_seed, g->step, 0), &u->batch, &u->gen_s,
                                &u->reward_s);
-        for (int k = first_seq; c->async_enable && k < u->batch.n_seq; k++)
-            u->batch.seqs[k].version_first = r->version;
-    }
     control_set_phase(r->env->ctl, GRPO__PHASE__PHASE_IDLE);
     log_debug("rollout", "step %lld unit %d: %d groups (%d..%d) with policy version %lld, gen %.2fs, reward %.2fs",
               (long long)g->step, g->unit, u->batch.n_groups, lo, hi - 1, (long long)g->version, u->gen_s, u->reward_s);
