@@ -11,7 +11,7 @@
 #  - one-step-off (rollout.mode=async) runs multi-turn too;
 #  - fully-async training: staleness 0 + a push every step equals the on-policy 1+1 run bit for bit; with partial
 #    rollout (trajectories continued with new weights mid-turn) and without it, the float64 stream check and a
-#    bit-identical replay;
+#    bit-identical replay; a run ended at step 2 and launched again to step 4 equals the replay of its schedule;
 #  - a tool config that does not load stops the run at start naming FILE:LINE.
 # usage: test_multi_turn.sh (the build's programs by name, tests/lib.sh)
 set -u
@@ -159,6 +159,29 @@ T=1 S=1 GRPO_TEST_DECODE_SLEEP_S=0.004 GRPO_TEST_ANSWER_DELAY_S=0.2 fa_case fapa
     async_training.trigger_parameter_sync_step=1
 T=2 S=1 fa_case fawhole "" async_training.partial_rollout=false async_training.staleness_threshold=1 \
     async_training.trigger_parameter_sync_step=2
+
+# a fully-async multi-turn run ended at step 2 (its checkpoint drains the stream: the units not yet trained, their
+# masks and conversations, go into async_state.bin) and launched again to step 4 resumes its stream; the replay of
+# its schedule in one go ends bit-identical
+RES=("${FA[@]}" async_training.staleness_threshold=1 async_training.trigger_parameter_sync_step=1
+    trainer.save_freq=2 trainer.default_local_dir="$TMP/mtres")
+# shellcheck disable=SC2046
+GRPO_TEST_DECODE_SLEEP_S=0.004 GRPO_TEST_ANSWER_DELAY_S=0.2 "${MPIRUN[@]}" -np 2 "$WORKER" $(common llama) "${MT[@]}" \
+    "${RES[@]}" trainer.total_training_steps=2 >"$TMP/mtres.log" 2>&1 &&
+    # shellcheck disable=SC2046
+    GRPO_TEST_DECODE_SLEEP_S=0.004 GRPO_TEST_ANSWER_DELAY_S=0.2 "${MPIRUN[@]}" -np 2 "$WORKER" $(common llama) \
+        "${MT[@]}" "${RES[@]}" trainer.total_training_steps=4 >>"$TMP/mtres.log" 2>&1
+expect "a fully-async multi-turn run ended at step 2 and launched again to step 4 finishes" $?
+grep -q "fully-async stream resumed from .*global_step_2/async_state.bin" "$TMP/mtres.log"
+expect "the stream resumes from the checkpoint's state" $?
+# shellcheck disable=SC2046
+"${MPIRUN[@]}" -np 2 "$WORKER" $(common llama) "${MT[@]}" "${FA[@]}" async_training.staleness_threshold=1 \
+    async_training.trigger_parameter_sync_step=1 trainer.save_freq=2 trainer.total_training_steps=4 \
+    trainer.default_local_dir="$TMP/mtresr" async_training.replay_schedule="$TMP/mtres/p/e/async_schedule.jsonl" \
+    >"$TMP/mtresr.log" 2>&1
+expect "the replay of the resumed run's schedule, in one go, finishes" $?
+"$COMPARE" "$(ckpt mtres 4)/actor" "$(ckpt mtresr 4)/actor" 0 >"$TMP/cmp-mtres.txt" 2>&1
+expect "end + relaunch: weights bit-identical to the replay in one go ($(cat "$TMP/cmp-mtres.txt"))" $?
 
 printf 'tools:\n  - class_name: my.Unknown\n' >"$TMP/bad-tools.yaml"
 # shellcheck disable=SC2046
