@@ -1190,15 +1190,6 @@ int config_validate(const struct grpo_config *c, struct cfg_error *err)
     }
     if (validate_lora(c, err) != 0 || validate_sp(c, err) != 0 || validate_micro(c, err) != 0)
         return -1;
-    if (c->rollout_tensor_model_parallel_size > 1 &&
-        (c->rollout_multi_turn_enable || strcmp(c->rollout_agent_default_agent_loop, "tool_agent") == 0)) {
-        errf(err,
-             "%s: " KEY_rollout_multi_turn_enable " with " KEY_rollout_tensor_model_parallel_size
-             "=%lld: multi-turn rollouts on a rollout TP group (not available yet: they generate on an unsplit "
-             "model; give " KEY_rollout_tensor_model_parallel_size "=1)",
-             origin_of(c, KEY_rollout_tensor_model_parallel_size), c->rollout_tensor_model_parallel_size);
-        return -1;
-    }
     unsigned sinks;
     if (config_logger_sinks(c, &sinks, NULL, 0, err) != 0)
         return -1;

@@ -296,13 +296,6 @@ static void test_validate_relations(void **state)
     assert_int_equal(config_validate(&c, &err), -1);
     assert_non_null(strstr(err.msg, "multiple of actor_rollout_ref.actor.ppo_mini_batch_size"));
     config_free(&c);
-    /* multi-turn rollouts generate on an unsplit model: a rollout TP group is refused at start, by name */
-    config_init(&c);
-    assert_int_equal(config_apply_override(&c, "actor_rollout_ref.rollout.multi_turn.enable=true", &err), 0);
-    assert_int_equal(config_apply_override(&c, "actor_rollout_ref.rollout.tensor_model_parallel_size=2", &err), 0);
-    assert_int_equal(config_validate(&c, &err), -1);
-    assert_non_null(strstr(err.msg, "multi-turn rollouts on a rollout TP group (not available yet"));
-    config_free(&c);
 }
 
 /* config_validate on the defaults plus one override: rc, and the error must contain each needle. */

@@ -106,7 +106,7 @@ int gen_ctx_load_env(struct gen_ctx *r, char *err, size_t errlen)
 void gen_ctx_release(struct gen_ctx *r)
 {
     if (r->env)
-        gen_turn_env_factory()->destroy(r->env);
+        (r->env_destroy ? r->env_destroy : gen_turn_env_factory()->destroy)(r->env);
     r->env = NULL;
     free(r->mt);
     r->mt = NULL;

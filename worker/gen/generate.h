@@ -25,8 +25,9 @@ struct gen_ctx {
     struct reward_model *rm; /* reward_model.enable: scores each response (gen_ctx_load_reward_model) */
     int32_t stop_ids[4];
     int n_stop;
-    struct turn_env *env;        /* multi-turn rollouts: the tool agent (gen_ctx_load_env), else NULL */
-    struct multi_turn_stats *mt; /* what multi-turn generation measured, summed over calls (with env) */
+    struct turn_env *env; /* multi-turn rollouts: the tool agent (gen_ctx_load_env, or the caller's), else NULL */
+    void (*env_destroy)(struct turn_env *); /* the caller's env: how to free it (NULL: the factory's) */
+    struct multi_turn_stats *mt;            /* what multi-turn generation measured, summed over calls (with env) */
     /* algorithm.adv_estimator=remax (gen_ctx_init sets it): gen_generate_and_score also generates one greedy
      * response per prompt, scored as the others, for each sequence's reward_baseline (validation clears it) */
     bool greedy_baseline;

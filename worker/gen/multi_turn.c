@@ -207,8 +207,8 @@ struct mt_run *gen_multi_turn_begin(struct model *m, struct turn_env *env, const
 {
     if (!(!gp->record_routes))
         check_failf(__FILE__, __LINE__, "multi-turn generation does not record routes");
-    if (!(!m->sh.tp && !m->sh.pp))
-        check_failf(__FILE__, __LINE__, "multi-turn generation runs on an unsplit model");
+    if (!(!m->sh.pp))
+        check_failf(__FILE__, __LINE__, "multi-turn generation runs on no pipeline stage");
     const int n = gp->n_samples, total = n_prompts * n;
     const long long want = gp->max_batch > n ? gp->max_batch : n;
     int n_slots = (int)(want < total ? want : total > n ? total : n);

@@ -27,8 +27,9 @@ struct multi_turn_stats {
 /* Like model_generate(): n_samples trajectories per prompt into out[p * n + s] (out[i].mask set), each trajectory's
  * environment summary into sums[i]. messages[p], extra[p] and agent[p] (each may be NULL) are what the
  * environment's begin gets. gp->max_new_tokens bounds each trajectory's whole response (model and answer tokens);
- * gp->record_routes is not supported. The model must not be split (no TP or PP group): the order in which answers
- * come is not the same on every rank. */
+ * gp->record_routes is not supported. The model may be split over a TP group (no PP) when every rank's env
+ * answers alike in the same order (the rollout TP group's: worker/rollout/rollout_env.h); the order in which a real
+ * environment's answers come is not the same on every rank. */
 void gen_generate_multi_turn(struct model *m, struct turn_env *env, const int32_t *const *prompts,
                              const int *prompt_lens, const char *const *messages, const char *const *extra,
                              const char *const *agent, int n_prompts, const struct gen_params *gp,

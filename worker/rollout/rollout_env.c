@@ -1,0 +1,114 @@
+/* A rollout TP group's turn environment: the head's real one, its answers broadcast to the peers (rollout_env.h). */
+#include "rollout_env.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "worker/comm/comm.h"
+
+struct group_env {
+    struct turn_env base;
+    struct turn_env *inner; /* the head's real environment; NULL on a peer */
+    void (*inner_destroy)(struct turn_env *);
+    struct comm *group;
+    bool head;
+};
+
+static void bcast(struct group_env *g, void *buf, size_t count, enum comm_dtype t)
+{
+    if (count > 0) /* every rank makes the same calls: the polled broadcast on all, as the group's other words */
+        comm_broadcast_polled(g->group, buf, count, t, 0, NULL, NULL);
+}
+
+static int env_begin(struct turn_env *te, int traj, const char *messages_json, const char *extra_info,
+                     const char *agent_name)
+{
+    struct group_env *g = (struct group_env *)te;
+    int64_t single = g->head ? g->inner->ops->begin(g->inner, traj, messages_json, extra_info, agent_name) : 0;
+    bcast(g, &single, 1, COMM_I64);
+    return (int)single;
+}
+
+static void env_turn_end(struct turn_env *te, int traj, const int32_t *ids, int n, bool stopped, int budget)
+{
+    struct group_env *g = (struct group_env *)te;
+    if (g->head) /* the peers' answer comes with the head's poll */
+        g->inner->ops->turn_end(g->inner, traj, ids, n, stopped, budget);
+}
+
+/* The head takes the answers ready and tells them: their count and tokens, then each one's trajectory, end flag and
+ * length, then the tokens; a peer takes the same. */
+static int env_poll(struct turn_env *te, struct turn_reply *out, int max, bool wait)
+{
+    struct group_env *g = (struct group_env *)te;
+    int64_t head[2] = {0, 0};
+    if (g->head) {
+        head[0] = g->inner->ops->poll(g->inner, out, max, wait);
+        for (int i = 0; i < head[0]; i++)
+            head[1] += out[i].n > 0 && !out[i].done ? out[i].n : 0;
+    }
+    bcast(g, head, 2, COMM_I64);
+    const int k = (int)head[0];
+    if (k < 0 || k > max || head[1] < 0)
+        check_failf(__FILE__, __LINE__, "rollout TP group: %d answers (%lld tokens) from the head, at most %d", k,
+                    (long long)head[1], max);
+    int32_t *meta = xmalloc((size_t)(3 * k + 1) * sizeof(int32_t));
+    int32_t *ids = xmalloc((size_t)(head[1] + 1) * sizeof(int32_t));
+    if (g->head) {
+        size_t at = 0;
+        for (int i = 0; i < k; i++) {
+            const int n = out[i].n > 0 && !out[i].done ? out[i].n : 0;
+            meta[3 * i] = out[i].traj, meta[3 * i + 1] = out[i].done, meta[3 * i + 2] = n;
+            memcpy(ids + at, out[i].ids, (size_t)n * sizeof(int32_t));
+            at += (size_t)n;
+        }
+    }
+    bcast(g, meta, (size_t)(3 * k), COMM_I32);
+    bcast(g, ids, (size_t)head[1], COMM_I32);
+    if (!g->head) {
+        size_t at = 0;
+        for (int i = 0; i < k; i++) {
+            const int n = meta[3 * i + 2];
+            out[i] = (struct turn_reply){.traj = meta[3 * i], .done = meta[3 * i + 1] != 0, .n = n};
+            if (n > 0) {
+                out[i].ids = xmalloc((size_t)n * sizeof(int32_t));
+                memcpy(out[i].ids, ids + at, (size_t)n * sizeof(int32_t));
+                at += (size_t)n;
+            }
+        }
+    }
+    free(meta), free(ids);
+    return k;
+}
+
+static void env_finish(struct turn_env *te, int traj, struct turn_summary *out)
+{
+    struct group_env *g = (struct group_env *)te;
+    if (g->head)
+        g->inner->ops->finish(g->inner, traj, out);
+    else /* a peer's batch is not sent: the head's summaries are the run's */
+        memset(out, 0, sizeof *out);
+}
+
+static const struct turn_env_ops group_ops = {env_begin, env_turn_end, env_poll, env_finish};
+
+struct turn_env *rollout_env_create(struct turn_env *inner, void (*inner_destroy)(struct turn_env *),
+                                    struct comm *group, bool head)
+{
+    struct group_env *g = xcalloc(1, sizeof *g);
+    *g = (struct group_env){
+        .base = {&group_ops}, .inner = inner, .inner_destroy = inner_destroy, .group = group, .head = head};
+    return &g->base;
+}
+
+void rollout_env_destroy(struct turn_env *e)
+{
+    struct group_env *g = (struct group_env *)e;
+    if (!g)
+        return;
+    if (g->inner && g->inner_destroy)
+        g->inner_destroy(g->inner);
+    free(g);
+}
