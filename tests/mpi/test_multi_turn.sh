@@ -94,6 +94,17 @@ expect "rollout TP 2: per-step losses, grad norms, entropies and scores match on
 out=$(same_weights one rtp)
 expect "rollout TP 2: weights after $STEPS steps match one process within 1e-5 ($out)" $?
 
+# answers slower (1.6 s) than the group's watchdog allows silence (tp_group_timeout_s=1): the head tells its peer it
+# still waits every half second, so no rank takes the other for lost
+# shellcheck disable=SC2046
+GRPO_TEST_ANSWER_DELAY_S=1.6 "${MPIRUN[@]}" -np 3 "$WORKER" $(common llama) "${MT[@]}" \
+    trainer.default_local_dir="$TMP/rtpslow" trainer.total_training_steps=1 placement.trainer_ranks=1 \
+    placement.rollout_ranks=2 actor_rollout_ref.rollout.tensor_model_parallel_size=2 \
+    actor_rollout_ref.rollout.tp_group_timeout_s=1 >"$TMP/rtpslow.log" 2>&1
+rc=$?
+[ $rc -eq 0 ] && ! grep -q "has moved nothing" "$TMP/rtpslow.log"
+expect "rollout TP 2 with tools slower than the group's timeout: the run finishes, no rank taken for lost (rc $rc)" $?
+
 # one-step-off (rollout.mode=async): the rollout of step k+1 overlaps training of step k; it is not the same run,
 # but it is a multi-turn one and it finishes
 # shellcheck disable=SC2046

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/check.h"
+#include "common/clock.h"
 #include "worker/comm/comm.h"
 
 struct group_env {
@@ -45,11 +46,23 @@ static int env_poll(struct turn_env *te, struct turn_reply *out, int max, bool w
     struct group_env *g = (struct group_env *)te;
     int64_t head[2] = {0, 0};
     if (g->head) {
-        head[0] = g->inner->ops->poll(g->inner, out, max, wait);
+        /* a wait for the tools: a word to the peers every half second (-1: none yet), so that their watchdog
+         * (rollout.tp_group_timeout_s) sees the group move while a slow tool runs */
+        double said = clock_now_s();
+        while ((head[0] = g->inner->ops->poll(g->inner, out, max, false)) == 0 && wait) {
+            if (clock_now_s() - said >= 0.5) {
+                int64_t none[2] = {-1, 0};
+                bcast(g, none, 2, COMM_I64);
+                said = clock_now_s();
+            }
+            clock_sleep_s(0.002);
+        }
         for (int i = 0; i < head[0]; i++)
             head[1] += out[i].n > 0 && !out[i].done ? out[i].n : 0;
     }
-    bcast(g, head, 2, COMM_I64);
+    do /* a peer: past the head's words while it waits */
+        bcast(g, head, 2, COMM_I64);
+    while (!g->head && head[0] == -1);
     const int k = (int)head[0];
     if (k < 0 || k > max || head[1] < 0)
         check_failf(__FILE__, __LINE__, "rollout TP group: %d answers (%lld tokens) from the head, at most %d", k,
