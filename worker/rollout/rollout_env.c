@@ -74,7 +74,8 @@ static int env_poll(struct turn_env *te, struct turn_reply *out, int max, bool w
         for (int i = 0; i < k; i++) {
             const int n = out[i].n > 0 && !out[i].done ? out[i].n : 0;
             meta[3 * i] = out[i].traj, meta[3 * i + 1] = out[i].done, meta[3 * i + 2] = n;
-            memcpy(ids + at, out[i].ids, (size_t)n * sizeof(int32_t));
+            if (n > 0)
+                memcpy(ids + at, out[i].ids, (size_t)n * sizeof(int32_t));
             at += (size_t)n;
         }
     }
