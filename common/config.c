@@ -272,15 +272,18 @@ static void unnote_verl(struct grpo_config *c, const char *name)
 /* Hydra's --config-name and --config-path, as verl's launch scripts give them (value: NAME or NAME.yaml). verl's own
  * trainer configs carry the defaults every key here has; the fully-async trainer's (verl/experimental/
  * fully_async_policy/config) turns fully-async training on, as its entry point does, with the async_training
- * defaults it holds (ours). Any other config's defaults are not known here: refused, naming it. 0, or -1 (err). */
+ * defaults it holds (ours); the DAPO recipe's (dapo_trainer, dapo_megatron_trainer) set its own defaults: the dapo
+ * reward manager, rounds without bound for dynamic sampling (max_num_gen_batches 0) and the project verl-dapo. Any
+ * other config's defaults are not known here: refused, naming it. 0, or -1 (err). */
 int config_hydra_option(struct grpo_config *c, const char *option, const char *value, struct cfg_error *err)
 {
     if (strcmp(option, "--config-path") == 0) {
         note_verl(c, option, value, "Hydra's config search path: the defaults here are verl's own trainer's");
         return 0;
     }
-    char name[256];
+    char name[256], origin[300];
     snprintf(name, sizeof name, "%s", value);
+    snprintf(origin, sizeof origin, "%s=%s", option, value);
     const size_t n = strlen(name);
     if (n > 5 && strcmp(name + n - 5, ".yaml") == 0)
         name[n - 5] = 0;
@@ -289,14 +292,25 @@ int config_hydra_option(struct grpo_config *c, const char *option, const char *v
         return 0;
     }
     if (strcmp(name, "fully_async_ppo_trainer") == 0 || strcmp(name, "fully_async_ppo_megatron_trainer") == 0) {
-        char origin[300];
-        snprintf(origin, sizeof origin, "%s=%s", option, value);
-        return config_set(c, KEY_async_enable, "true", origin, err);
+        c->async_enable = true;
+        set_origin(c, config_find(KEY_async_enable), origin);
+        return 0;
+    }
+    if (strcmp(name, "dapo_trainer") == 0 || strcmp(name, "dapo_megatron_trainer") == 0) {
+        free(c->trainer_project_name);
+        c->trainer_project_name = xstrdup("verl-dapo");
+        set_origin(c, config_find(KEY_trainer_project_name), origin);
+        c->alg_filter_groups_max_num_gen_batches = 0; /* verl's "no bound" */
+        set_origin(c, config_find(KEY_alg_filter_groups_max_num_gen_batches), origin);
+        note_verl(c, option, value,
+                  "the DAPO recipe's config: the project verl-dapo, dynamic sampling's rounds without bound; its "
+                  "dapo reward manager scores per sample as the others here");
+        return 0;
     }
     errf(err,
          "command line: %s=%s: a Hydra config other than verl's ppo_trainer, ppo_megatron_trainer, "
-         "fully_async_ppo_trainer and fully_async_ppo_megatron_trainer (its defaults are not available here: give "
-         "its keys as overrides)",
+         "fully_async_ppo_trainer, fully_async_ppo_megatron_trainer and the DAPO recipe's dapo_trainer and "
+         "dapo_megatron_trainer (its defaults are not available here: give its keys as overrides)",
          option, value);
     return -1;
 }

@@ -351,8 +351,16 @@ static void test_hydra_config_name(void **state)
     assert_int_equal(config_hydra_option(&c, "--config-path", "config", &err), 0);
     assert_int_equal(config_hydra_option(&c, "--config-name", "fully_async_ppo_megatron_trainer.yaml", &err), 0);
     assert_true(c.async_enable);
-    assert_int_equal(config_hydra_option(&c, "--config-name", "dapo_megatron_trainer", &err), -1);
-    assert_non_null(strstr(err.msg, "--config-name=dapo_megatron_trainer: a Hydra config other than"));
+    config_free(&c);
+    /* the DAPO recipe's: its defaults, which the overrides after it change */
+    config_init(&c);
+    assert_int_equal(config_hydra_option(&c, "--config-name", "dapo_megatron_trainer", &err), 0);
+    assert_string_equal(c.trainer_project_name, "verl-dapo");
+    assert_int_equal(c.alg_filter_groups_max_num_gen_batches, 0);
+    assert_int_equal(config_apply_override(&c, "trainer.project_name=mine", &err), 0);
+    assert_string_equal(c.trainer_project_name, "mine");
+    assert_int_equal(config_hydra_option(&c, "--config-name", "fully_async_dapo_trainer.yaml", &err), -1);
+    assert_non_null(strstr(err.msg, "--config-name=fully_async_dapo_trainer.yaml: a Hydra config other than"));
     assert_non_null(strstr(err.msg, "not available"));
     config_free(&c);
 }
