@@ -42,6 +42,25 @@ print("%s equal step by step; staleness 0" % ", ".join(sys.argv[3:]))
 PY
 }
 
+# onpolicy_pair: the on-policy split run (rollout.mode=sync) and the fully-async run with staleness 0 and a push every
+# step, 4 steps each ($TMP/sync, $TMP/async0)
+onpolicy_pair() {
+    run sync data.train_batch_size=4 trainer.total_training_steps=4
+    expect "${WHO}on-policy split run (rollout.mode=sync) finishes" $?
+    run async0 "${ASYNC[@]}" async_training.staleness_threshold=0 async_training.trigger_parameter_sync_step=1 \
+        trainer.total_training_steps=4
+    expect "${WHO}fully-async run, staleness 0, trigger 1 finishes" $?
+}
+
+# onpolicy_same KEY...: the pair's weights bit-identical, their metrics KEY... equal step by step (same_steps)
+onpolicy_same() {
+    "$COMPARE" "$(weights sync 4)" "$(weights async0 4)" 0 >"$TMP/cmp0.txt" 2>&1
+    local rc=$?
+    expect "${WHO}staleness 0 + trigger 1: weights bit-identical to the on-policy run ($(cat "$TMP/cmp0.txt"))" $rc
+    same_steps sync async0 "$@"
+    expect "${WHO}staleness 0 + trigger 1: $* equal step by step, staleness 0 every step" $?
+}
+
 # replay_same NAME STEPS OVERRIDES...: the replay of run NAME's schedule (STEPS steps, the same OVERRIDES) ends with
 # bit-identical weights and writes the same schedule
 replay_same() {

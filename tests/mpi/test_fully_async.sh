@@ -28,17 +28,10 @@ WHO=""
 . "$(dirname "$0")/fully_async_lib.sh" 1
 
 # ---- on-policy equivalence: staleness 0, a push every step
-run sync data.train_batch_size=4 trainer.total_training_steps=4
-expect "on-policy split run (rollout.mode=sync) finishes" $?
-run async0 "${ASYNC[@]}" async_training.staleness_threshold=0 async_training.trigger_parameter_sync_step=1 \
-    trainer.total_training_steps=4
-expect "fully-async run, staleness 0, trigger 1 finishes" $?
+onpolicy_pair
 grep -q "fully-async training: 2 unit(s) of 2 group(s) a chunk" "$TMP/async0.log"
 expect "data.train_batch_size=0 is require_batches x ppo_mini_batch_size, cut into a unit per rollout rank" $?
-"$COMPARE" "$(weights sync 4)" "$(weights async0 4)" 0 >"$TMP/cmp0.txt" 2>&1
-rc=$?; expect "staleness 0 + trigger 1: weights bit-identical to the on-policy run ($(cat "$TMP/cmp0.txt"))" $rc
-same_steps sync async0 actor/pg_loss actor/kl_loss actor/grad_norm critic/score/mean response_length/mean
-expect "staleness 0 + trigger 1: the same losses, grad norms and scores, staleness 0 every step" $?
+onpolicy_same actor/pg_loss actor/kl_loss actor/grad_norm critic/score/mean response_length/mean
 python3 "$CHECK" "$TMP/async0/p/e" "$TMP/async0/audit" 1 0 4 >"$TMP/check0.txt" 2>&1
 rc=$?; expect "float64 check of the on-policy stream ($(tail -1 "$TMP/check0.txt"))" $rc
 

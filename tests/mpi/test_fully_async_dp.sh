@@ -23,18 +23,11 @@ WHO="DP 2 "
 . "$(dirname "$0")/fully_async_lib.sh" 2
 
 # ---- on-policy equivalence: staleness 0, a push every step, DP 2
-run sync data.train_batch_size=4 trainer.total_training_steps=4
-expect "on-policy split run with 2 trainer ranks (rollout.mode=sync) finishes" $?
-run async0 "${ASYNC[@]}" async_training.staleness_threshold=0 async_training.trigger_parameter_sync_step=1 \
-    trainer.total_training_steps=4
-expect "fully-async run with 2 trainer ranks, staleness 0, trigger 1 finishes" $?
+onpolicy_pair
 grep -q "DP rank 1 of 2" "$TMP/async0.log"
 expect "the fully-async run trains on 2 DP ranks" $?
-"$COMPARE" "$(weights sync 4)" "$(weights async0 4)" 0 >"$TMP/cmp0.txt" 2>&1
-rc=$?; expect "DP 2, staleness 0 + trigger 1: weights bit-identical to the on-policy DP 2 run ($(cat "$TMP/cmp0.txt"))" $rc
-same_steps sync async0 actor/pg_loss actor/kl_loss actor/grad_norm actor/entropy critic/score/mean \
-    critic/advantages/mean response_length/mean
-expect "DP 2, staleness 0 + trigger 1: the same metrics step by step, staleness 0 every step" $?
+onpolicy_same actor/pg_loss actor/kl_loss actor/grad_norm actor/entropy critic/score/mean critic/advantages/mean \
+    response_length/mean
 python3 "$CHECK" "$TMP/async0/p/e" "$TMP/async0/audit" 1 0 4 >"$TMP/check0.txt" 2>&1
 rc=$?; expect "float64 check of the on-policy stream, both DP ranks' sequences ($(tail -1 "$TMP/check0.txt"))" $rc
 

@@ -19,19 +19,12 @@ WHO="rollout TP 2 "
 COMMON+=(actor_rollout_ref.rollout.tensor_model_parallel_size=2)
 
 # ---- on-policy equivalence: staleness 0, a push every step
-run sync data.train_batch_size=4 trainer.total_training_steps=4
-expect "on-policy split run with a rollout TP group of 2 (rollout.mode=sync) finishes" $?
-run async0 "${ASYNC[@]}" async_training.staleness_threshold=0 async_training.trigger_parameter_sync_step=1 \
-    trainer.total_training_steps=4
-expect "fully-async run with a rollout TP group of 2, staleness 0, trigger 1 finishes" $?
+onpolicy_pair
 grep -q "fully-async training: 1 unit(s) of 4 group(s) a chunk" "$TMP/async0.log"
 expect "one work unit a chunk: the TP group is one engine" $?
 grep -q "TP rank 1 of 2 in rollout TP group 0 of 1" "$TMP/async0.log"
 expect "the two rollout ranks form one TP group" $?
-"$COMPARE" "$(weights sync 4)" "$(weights async0 4)" 0 >"$TMP/cmp0.txt" 2>&1
-rc=$?; expect "rollout TP 2, staleness 0 + trigger 1: weights bit-identical to the on-policy run ($(cat "$TMP/cmp0.txt"))" $rc
-same_steps sync async0 actor/pg_loss actor/kl_loss actor/grad_norm critic/score/mean response_length/mean
-expect "rollout TP 2, staleness 0 + trigger 1: the same losses and scores step by step, staleness 0 every step" $?
+onpolicy_same actor/pg_loss actor/kl_loss actor/grad_norm critic/score/mean response_length/mean
 
 # ---- partial rollout, a push every step, staleness 1; then its replay
 LIVE=("${ASYNC[@]}" async_training.staleness_threshold=1 async_training.trigger_parameter_sync_step=1
