@@ -6,7 +6,8 @@
 # the unit's phase (partial rollout), and the whole group stops at the same token, takes the version resharded and
 # goes on; a replayed unit's schedule goes to every rank of the group.
 #  - staleness_threshold 0 with trigger_parameter_sync_step 1 ends with weights bit-identical to the on-policy split
-#    run with the same rollout TP group (rollout.mode=sync), with the same losses and scores step by step;
+#    run with the same rollout TP group (rollout.mode=sync), with the same losses and scores step by step; the peer,
+#    which sends no batch, starts no scorer;
 #  - partial rollout with a slow engine (GRPO_TEST_DECODE_SLEEP_S), staleness 1: check_fully_async.py recomputes the
 #    staleness and partial accounting in float64 from the audit files and the schedule, with trajectories continued
 #    across versions; the replay of its schedule ends bit-identical, with the same schedule.
@@ -24,6 +25,9 @@ grep -q "fully-async training: 1 unit(s) of 4 group(s) a chunk" "$TMP/async0.log
 expect "one work unit a chunk: the TP group is one engine" $?
 grep -q "TP rank 1 of 2 in rollout TP group 0 of 1" "$TMP/async0.log"
 expect "the two rollout ranks form one TP group" $?
+n_scorers=$(grep -c "reward: custom scorer byte_score" "$TMP/async0.log")
+[ "$n_scorers" -eq 2 ]
+expect "the scorer starts on the trainer and the group's first rank only, not on its peer, which sends no batch ($n_scorers)" $?
 onpolicy_same actor/pg_loss actor/kl_loss actor/grad_norm critic/score/mean response_length/mean
 
 # ---- partial rollout, a push every step, staleness 1; then its replay

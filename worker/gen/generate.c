@@ -193,6 +193,15 @@ static void greedy_baselines(const struct gen_ctx *r, const struct prompt_item *
     struct multi_turn_stats scratch = {0}; /* the baseline's turns count in no rollout metric */
     struct turn_summary *sums = gen_responses(r, prompts, n_prompts, &gp, out, &scratch);
     *t_gen += clock_now_s() - t0;
+    if (r->unscored) { /* generated with the group; nothing scored here */
+        for (int p = 0; p < n_prompts; p++) {
+            model_gen_output_free(&out[p]);
+            if (sums)
+                gen_turn_summary_free(&sums[p]);
+        }
+        free(out), free(sums);
+        return;
+    }
     t0 = clock_now_s();
     struct reward_item *items = xcalloc((size_t)(n_prompts ? n_prompts : 1), sizeof *items);
     double *rule = xcalloc((size_t)(n_prompts ? n_prompts : 1), sizeof *rule);
@@ -255,7 +264,7 @@ static void score_into(const struct gen_ctx *r, const struct prompt_item *const 
     step_batch_reserve(b, total);
     struct reward_item *items = xcalloc((size_t)(total ? total : 1), sizeof *items);
     double *scores = xcalloc((size_t)(total ? total : 1), sizeof *scores);
-    const int np = r->reward_parts ? reward_num_parts(r->reward) : 0; /* gdpo's reward components */
+    const int np = r->reward_parts && !r->unscored ? reward_num_parts(r->reward) : 0; /* gdpo's reward components */
     double *parts = np ? xcalloc((size_t)(total ? total : 1) * (size_t)np, sizeof *parts) : NULL;
     const int first_seq = b->n_seq;
     for (int p = 0; p < n_prompts; p++) {
@@ -307,9 +316,9 @@ static void score_into(const struct gen_ctx *r, const struct prompt_item *const 
     }
     /* the rule scorers; with a reward model, their scores weighted by rule_reward_weight (0: not run, unless gdpo needs
      * the scorer's components) */
-    if (total > 0 && (!r->rm || c->rm_rule_reward_weight != 0 || parts))
+    if (total > 0 && !r->unscored && (!r->rm || c->rm_rule_reward_weight != 0 || parts))
         reward_score_batch_parts(r->reward, items, total, scores, NULL, parts);
-    for (int k = 0; k < total; k++) {
+    for (int k = 0; k < total && !r->unscored; k++) {
         struct rollout_seq *rs = &b->seqs[first_seq + k];
         rs->score =
             final_score(r, prompts[k / n], b->resp_text[first_seq + k], rs->resp_len, scores[k], &rs->raw_score);

@@ -33,6 +33,9 @@ struct gen_ctx {
     bool greedy_baseline;
     /* algorithm.adv_estimator=gdpo: each sequence gets its reward components (validation clears it) */
     bool reward_parts;
+    /* a rank whose batches are not sent (a rollout TP group's peer): it generates as its group does and scores
+     * nothing (no scorer, no reward model: reward may be NULL); its sequences' scores are 0 */
+    bool unscored;
 };
 
 struct reward_model;

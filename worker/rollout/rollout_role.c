@@ -246,7 +246,8 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
         return -1;
     const int loaded = prompt_sets_load(c, r->tok, tools, &r->train, &r->val, err, errlen);
     free(tools);
-    if (loaded != 0 || !(r->reward = reward_create(c, err, errlen)))
+    /* a TP group's peer sends no batch: it scores nothing, so it starts no scorer (a Python one's processes) */
+    if (loaded != 0 || (r->head && !(r->reward = reward_create(c, err, errlen))))
         return -1;
     if (r->eng) { /* this rank's shard of the group's model */
         if (model_shard_check(&r->policy->cfg, r->env->at.tp_size,
@@ -312,7 +313,8 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
         r->rc.env_destroy = rollout_env_destroy;
         r->rc.mt = xcalloc(1, sizeof *r->rc.mt);
     }
-    if (gen_ctx_load_reward_model(&r->rc, err, errlen) != 0 || gen_ctx_load_env(&r->rc, err, errlen) != 0)
+    r->rc.unscored = !r->head;
+    if ((r->head && gen_ctx_load_reward_model(&r->rc, err, errlen) != 0) || gen_ctx_load_env(&r->rc, err, errlen) != 0)
         return -1;
     if (!r->head)
         return 0;
