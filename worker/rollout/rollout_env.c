@@ -79,7 +79,7 @@ static int env_poll(struct turn_env *te, struct turn_reply *out, int max, bool w
             at += (size_t)n;
         }
     }
-    bcast(g, meta, (size_t)(3 * k), COMM_I32);
+    bcast(g, meta, 3 * (size_t)k, COMM_I32);
     bcast(g, ids, (size_t)head[1], COMM_I32);
     if (!g->head) {
         size_t at = 0;
