@@ -282,6 +282,12 @@ struct mt_run *gen_multi_turn_begin(struct model *m, struct turn_env *env, const
     return g;
 }
 
+/* Whether a group is left to start in this phase (a replayed phase starts none its schedule has not started yet). */
+static bool group_to_start(const struct mt_run *g)
+{
+    return g->next_prompt < g->n_prompts && !(g->pause_at && g->pause_at[g->next_prompt * g->n] == 0);
+}
+
 /* Whether every trajectory left is parked at the phase's pause_at (a group not admitted yet: all its samples at 0). */
 static bool all_parked(const struct mt_run *g)
 {
@@ -303,8 +309,7 @@ int gen_multi_turn_phase(struct mt_run *g, const int *pause_at, bool (*should_pa
     struct turn_env *env = g->env;
     struct gen_output *out = g->out;
     struct turn_summary *sums = g->sums;
-    const int *prompt_lens = g->prompt_lens, n = g->n, total = g->total, n_prompts = g->n_prompts,
-              V = m->cfg.vocab_size;
+    const int *prompt_lens = g->prompt_lens, n = g->n, total = g->total, V = m->cfg.vocab_size;
     const struct sampler_params *sp = &g->gp->sampling;
     g->pause_at = pause_at;
     if (g->phases > 0) {
@@ -328,7 +333,6 @@ int gen_multi_turn_phase(struct mt_run *g, const int *pause_at, bool (*should_pa
     int32_t *toks = g->toks, *cat = g->cat;
     float *lps = g->lps;
     double *us = g->us;
-    int open = -1;
     while (g->done < total) {
         drain(g, false);
         if (all_parked(g))
@@ -343,7 +347,7 @@ int gen_multi_turn_phase(struct mt_run *g, const int *pause_at, bool (*should_pa
         int B = 0;
         size_t cat_len = 0;
         /* (a replayed phase admits no group that its schedule has not started yet) */
-        while (g->next_prompt < n_prompts && free_slots(g) >= n && !(pause_at && pause_at[g->next_prompt * n] == 0)) {
+        while (group_to_start(g) && free_slots(g) >= n) {
             const int p = g->next_prompt++;
             for (int s = 0; s < n; s++) {
                 const int i = p * n + s;
@@ -386,7 +390,7 @@ int gen_multi_turn_phase(struct mt_run *g, const int *pause_at, bool (*should_pa
             int need = 0; /* slots wanted by answered trajectories without a cache, or by the next group */
             for (int i = 0; i < total; i++)
                 need += g->tr[i].state == T_RUN && g->tr[i].slot < 0 && !parked(g, i);
-            if (need == 0 && g->next_prompt < n_prompts && !(pause_at && pause_at[g->next_prompt * n] == 0))
+            if (need == 0 && group_to_start(g))
                 need = n - free_slots(g);
             if (need > 0)
                 evict(g, need);
@@ -421,7 +425,7 @@ int gen_multi_turn_phase(struct mt_run *g, const int *pause_at, bool (*should_pa
         if (should_pause && g->done < total && should_pause(ud))
             break; /* a newer version: every trajectory stops where it is, its turn with the environment goes on */
     }
-    open = total - g->done;
+    const int open = total - g->done;
     g->pause_at = NULL;
     g->phases++;
     return open;
