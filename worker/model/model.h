@@ -341,6 +341,10 @@ void model_release_buffers(struct model *m, int which);
 /* Bytes of one sequence's KV cache of cap positions on this rank (its layers, its KV heads), in the elements of the
  * model's context (k_kv_elem_bytes: BF16 on a GPU's BF16 context). */
 size_t kv_slot_bytes(const struct model *m, int cap);
+/* How many slots of cap tokens a KV budget of `budget` bytes holds on every rank of m's model copy: the least over
+ * its TP x PP ranks (collective over them; their devices' free memory and their shards' layers may differ, and they
+ * must admit the same sequences), this rank's alone with expert parallelism or no split. */
+size_t kv_slots_fit(const struct model *m, size_t budget, int cap);
 void model_zero_grads(struct model *m);
 /* Number of parameter floats (tied head counted once). */
 size_t model_num_params(const struct model *m);

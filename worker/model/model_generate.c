@@ -68,7 +68,7 @@ int model_generate_phase(struct model *m, const int32_t *const *prompts, const i
     if (gp->resume && rw) /* a continued sequence's routes are not recorded */
         check_failf(__FILE__, __LINE__, "generate_phase: resume with record_routes");
     if (gp->kv_budget > 0) { /* the budget's sequences, whole groups at least */
-        const size_t fit = gp->kv_budget / kv_slot_bytes(m, cap);
+        const size_t fit = kv_slots_fit(m, gp->kv_budget, cap);
         max_batch = fit < (size_t)max_batch ? (fit > (size_t)n ? (int)fit : n) : max_batch;
     }
     if (!gp->resume)

@@ -8,6 +8,7 @@
  * needs) and launched while that shape lasts; a new shape runs eagerly, then records. model_set_decode_graphs(false)
  * (actor_rollout_ref.rollout.enforce_eager=true) runs every step eagerly. */
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +33,17 @@ size_t kv_slot_bytes(const struct model *m, int cap)
 {
     const size_t KD = (size_t)m->sh.n_kv_heads * m->cfg.head_dim, nl = (size_t)(m->sh.layer_hi - m->sh.layer_lo);
     return nl * 2 * (size_t)(cap > 0 ? cap : 1) * KD * k_kv_elem_bytes(m->K);
+}
+
+size_t kv_slots_fit(const struct model *m, size_t budget, int cap)
+{
+    const size_t fit = budget / kv_slot_bytes(m, cap);
+    struct comm *copy = m->sh.ep ? NULL : m->sh.mp ? m->sh.mp : m->sh.tp ? m->sh.tp : m->sh.pp;
+    if (!copy)
+        return fit;
+    int64_t neg = -(int64_t)(fit < (size_t)INT64_MAX ? fit : (size_t)INT64_MAX); /* the least as the most of -fit */
+    comm_allreduce_max(copy, &neg, 1, COMM_I64);
+    return (size_t)-neg;
 }
 
 struct kv_slab *kv_slab_create(const struct model *m, int n_slots, int cap)
