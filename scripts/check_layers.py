@@ -99,8 +99,9 @@ DEPENDS = {
                       "worker/tokenizer/"), "a step's data builds on the model, the data and the tokenizer"),
     "worker/rewards/": ((KERNELS_IF, "worker/formats/", "worker/model/", "worker/step/", "worker/tokenizer/"),
                         "the scorers build on a step's data and the model (reward models)"),
-    "worker/gen/": ((KERNELS_IF, "worker/metrics/", "worker/model/", "worker/rewards/", "worker/step/",
-                     "worker/tokenizer/"), "generation builds on the model, a step's data and the scorers"),
+    "worker/gen/": ((KERNELS_IF, "worker/comm/", "worker/metrics/", "worker/model/", "worker/rewards/", "worker/step/",
+                     "worker/tokenizer/"), "generation builds on the model, a step's data and the scorers (and on the "
+                    "collective plane where a group of ranks generates as one engine)"),
     "worker/plane/": ((KERNELS_IF, "worker/comm/", "worker/flight/", "worker/step/", "worker/metrics/"),
                       "the split-run protocol builds on a step's data and the collective plane"),
     "worker/agent/": (("worker/tokenizer/", "worker/gen/turn_env.h"),

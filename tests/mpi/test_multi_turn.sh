@@ -8,6 +8,9 @@
 #  - the run is really multi-turn: trajectories with answers (num_turns/max above 2, tool tokens in the responses),
 #    and the split run's audit lines carry the response mask (0 on the answers' tokens) and the conversation
 #    (the user's answer in messages) across the data plane;
+#  - a rollout TP group of 2, and with validation: colocated DP 2 generating as one engine of rollout TP 2, colocated
+#    TP 2 generating as the engine, colocated PP 2, split runs of TP 2 or PP 2 trainers (their validation generates
+#    on the model copy) give the same, and the validation's greedy multi-turn responses are one process's;
 #  - one-step-off (rollout.mode=async) runs multi-turn too;
 #  - fully-async training: staleness 0 + a push every step equals the on-policy 1+1 run bit for bit; with partial
 #    rollout (trajectories continued with new weights mid-turn) and without it, the float64 stream check and a
@@ -93,6 +96,50 @@ out=$(same_metrics one rtp 2>&1)
 expect "rollout TP 2: per-step losses, grad norms, entropies and scores match one process ($out)" $?
 out=$(same_weights one rtp)
 expect "rollout TP 2: weights after $STEPS steps match one process within 1e-5 ($out)" $?
+
+# every other layout that generates on a split model, validation on (greedy, multi-turn too), against one process:
+# colocated DP 2 generating as one engine of rollout TP 2 (each rank a shard of the generation model); the training
+# TP 2 group generating as the engine; PP 2 (each rank a whole generation model, an engine of its own); split 2
+# trainers of TP 2 or PP 2 + 1 rollout rank (the model copy validates as one). The engine's or copy's first rank runs
+# the environment and tells the others each answer
+VAL=(trainer.val_before_train=true)
+# shellcheck disable=SC2046
+"$WORKER" $(common llama) "${MT[@]}" "${VAL[@]}" trainer.default_local_dir="$TMP/onev" \
+    trainer.validation_data_dir="$TMP/onev/val" >"$TMP/onev.log" 2>&1
+expect "single-process multi-turn run with validation finishes" $?
+RTP2=actor_rollout_ref.rollout.tensor_model_parallel_size=2
+TP2=actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2
+PP2=actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2
+SPLIT=(placement.trainer_ranks=2 placement.rollout_ranks=1)
+while IFS="|" read -r name np what keys; do
+    # shellcheck disable=SC2046,SC2086 # the keys are words
+    "${MPIRUN[@]}" -np "$np" "$WORKER" $(common llama) "${MT[@]}" "${VAL[@]}" trainer.default_local_dir="$TMP/$name" \
+        trainer.validation_data_dir="$TMP/$name/val" $keys </dev/null >"$TMP/$name.log" 2>&1
+    expect "$what: the multi-turn run finishes" $?
+    out=$(same_metrics onev "$name" 2>&1)
+    expect "$what: per-step losses, grad norms, entropies, scores and validation match one process ($out)" $?
+    out=$(same_weights onev "$name")
+    expect "$what: weights after $STEPS steps match one process within 1e-5 ($out)" $?
+    # the validation's conversations, answers included, as one process wrote them
+    out=$(python3 - "$TMP/onev/val" "$TMP/$name/val" <<'PY'
+import glob, json, sys
+def outs(d):
+    return [[json.loads(l)["output"] for l in open(f)] for f in sorted(glob.glob(d + "/*.jsonl"))]
+a, b = outs(sys.argv[1]), outs(sys.argv[2])
+answered = sum(o.count("Again.") for f in a for o in f)
+if not a or a != b or not answered:
+    sys.exit(f"{len(a)} and {len(b)} dumps, equal: {a == b}, answers in them: {answered}")
+print(f"{sum(map(len, a))} validation responses in {len(a)} dumps, {answered} answers")
+PY
+)
+    expect "$what: validation's multi-turn responses are one process's ($out)" $?
+done <<EOF
+colortp|2|colocated DP 2, one engine of rollout TP 2|$RTP2 trainer.nnodes=1 trainer.n_gpus_per_node=2
+colotp|2|colocated TP 2 generating as the engine|$TP2 $RTP2 trainer.nnodes=1 trainer.n_gpus_per_node=2
+colopp|2|colocated PP 2, an engine per rank|$PP2 trainer.nnodes=1 trainer.n_gpus_per_node=2
+splittp|3|split 2+1, trainers of TP 2|$TP2 ${SPLIT[*]}
+splitpp|3|split 2+1, trainers of PP 2|$PP2 ${SPLIT[*]}
+EOF
 
 # answers slower (1.6 s) than the group's watchdog allows silence (tp_group_timeout_s=1): the head tells its peer it
 # still waits every half second, so no rank takes the other for lost

@@ -9,6 +9,7 @@
 #include "kernels/kernels.h"
 #include "common/config.h"
 #include "common/log.h"
+#include "worker/gen/group_env.h"
 #include "worker/model/model_generate.h"
 #include "worker/rewards/reward.h"
 #include "worker/rewards/reward_model.h"
@@ -84,22 +85,41 @@ int gen_tools_json(const struct grpo_config *c, char **out, char *err, size_t er
     return *out ? 0 : -1;
 }
 
-int gen_ctx_load_env(struct gen_ctx *r, char *err, size_t errlen)
+int gen_ctx_load_env(struct gen_ctx *r, struct comm *group, bool head, char *err, size_t errlen)
 {
     if (!gen_multi_turn(r->cfg) || r->env)
         return 0;
     const struct turn_env_factory *f = factory(err, errlen);
     if (!f)
         return -1;
-    if (r->policy->sh.tp || r->policy->sh.pp)
-        return error_set(err, errlen,
-                         "multi-turn rollouts generate on an unsplit model: a tensor- or pipeline-"
-                         "parallel generator is planned (set the rollout's and a colocated trainer's "
-                         "tensor/pipeline sizes to 1)");
-    r->env = f->create(r->cfg, r->tok, err, errlen);
-    if (!r->env)
+    if (!group && (r->policy->sh.tp || r->policy->sh.pp))
+        check_failf(__FILE__, __LINE__, "multi-turn rollouts on a split model need the group that generates as one");
+    struct turn_env *real = NULL;
+    if ((!group || head) && !(real = f->create(r->cfg, r->tok, err, errlen)))
         return -1;
+    r->env = group ? gen_group_env_create(real, f->destroy, group, head) : real;
+    r->env_destroy = group ? gen_group_env_destroy : NULL;
     r->mt = xcalloc(1, sizeof *r->mt);
+    return 0;
+}
+
+int gen_ctx_env_regroup(struct gen_ctx *r, struct comm *group, bool head, char *err, size_t errlen)
+{
+    if (!r->env || (!group && r->env_destroy != gen_group_env_destroy))
+        return 0;
+    const struct turn_env_factory *f = factory(err, errlen);
+    if (!f)
+        return -1;
+    if (r->env_destroy != gen_group_env_destroy) { /* a rank that generated alone joins a group */
+        r->env = gen_group_env_create(r->env, f->destroy, group, head);
+        r->env_destroy = gen_group_env_destroy;
+    }
+    if (gen_group_env_regroup(r->env, group, head)) { /* a peer that heads its group now: the tools start here */
+        struct turn_env *real = f->create(r->cfg, r->tok, err, errlen);
+        if (!real)
+            return -1;
+        gen_group_env_set_inner(r->env, real, f->destroy);
+    }
     return 0;
 }
 

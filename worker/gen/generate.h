@@ -11,6 +11,7 @@
 #include "worker/model/sampler.h"
 #include "worker/step/batch.h"
 
+struct comm;
 struct grpo_config;
 struct model;
 struct tokenizer;
@@ -42,8 +43,13 @@ struct reward_model;
 /* Load the reward model reward_model.enable asks for (nothing when it is off). 0, or -1 with err. */
 int gen_ctx_load_reward_model(struct gen_ctx *r, char *err, size_t errlen);
 /* Make the turn environment multi-turn rollouts need (multi_turn.enable or agent.default_agent_loop=tool_agent;
- * nothing otherwise), with the program's registered factory. 0, or -1 with err. */
-int gen_ctx_load_env(struct gen_ctx *r, char *err, size_t errlen);
+ * nothing otherwise), with the program's registered factory. group: the ranks that generate as one engine (a model
+ * split over TP or PP; worker/gen/group_env.h), whose head runs the tools and tells the others each answer; NULL:
+ * this rank generates alone (its policy unsplit). 0, or -1 with err. */
+int gen_ctx_load_env(struct gen_ctx *r, struct comm *group, bool head, char *err, size_t errlen);
+/* After trainer-loss survival formed the groups again: the environment follows this rank's new group (NULL: alone)
+ * and role in it, the tools started on a rank that heads a group now. 0, or -1 with err. */
+int gen_ctx_env_regroup(struct gen_ctx *r, struct comm *group, bool head, char *err, size_t errlen);
 /* The tool schemas prompts are rendered with (a JSON array text, malloc'd) when rollouts are multi-turn; NULL
  * otherwise. -1 with err when the tools do not load (the error names FILE:LINE) or the program has no agent. */
 int gen_tools_json(const struct grpo_config *cfg, char **out, char *err, size_t errlen);

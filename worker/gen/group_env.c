@@ -1,5 +1,5 @@
-/* A rollout TP group's turn environment: the head's real one, its answers broadcast to the peers (rollout_env.h). */
-#include "rollout_env.h"
+/* A generating group's turn environment: the head's real one, its answers broadcast to the peers (group_env.h). */
+#include "group_env.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -11,7 +11,7 @@
 
 struct group_env {
     struct turn_env base;
-    struct turn_env *inner; /* the head's real environment; NULL on a peer */
+    struct turn_env *inner; /* the head's real environment; NULL on a peer (or one kept for a regroup) */
     void (*inner_destroy)(struct turn_env *);
     struct comm *group;
     bool head;
@@ -19,7 +19,8 @@ struct group_env {
 
 static void bcast(struct group_env *g, void *buf, size_t count, enum comm_dtype t)
 {
-    if (count > 0) /* every rank makes the same calls: the polled broadcast on all, as the group's other words */
+    if (count > 0 && g->group) /* every rank makes the same calls: the polled broadcast on all, as the group's other
+                                * words */
         comm_broadcast_polled(g->group, buf, count, t, 0, NULL, NULL);
 }
 
@@ -65,7 +66,7 @@ static int env_poll(struct turn_env *te, struct turn_reply *out, int max, bool w
     while (!g->head && head[0] == -1);
     const int k = (int)head[0];
     if (k < 0 || k > max || head[1] < 0)
-        check_failf(__FILE__, __LINE__, "rollout TP group: %d answers (%lld tokens) from the head, at most %d", k,
+        check_failf(__FILE__, __LINE__, "generating group: %d answers (%lld tokens) from the head, at most %d", k,
                     (long long)head[1], max);
     int32_t *meta = xmalloc((size_t)(3 * k + 1) * sizeof(int32_t));
     int32_t *ids = xmalloc((size_t)(head[1] + 1) * sizeof(int32_t));
@@ -108,16 +109,33 @@ static void env_finish(struct turn_env *te, int traj, struct turn_summary *out)
 
 static const struct turn_env_ops group_ops = {env_begin, env_turn_end, env_poll, env_finish};
 
-struct turn_env *rollout_env_create(struct turn_env *inner, void (*inner_destroy)(struct turn_env *),
-                                    struct comm *group, bool head)
+struct turn_env *gen_group_env_create(struct turn_env *inner, void (*inner_destroy)(struct turn_env *),
+                                      struct comm *group, bool head)
 {
     struct group_env *g = xcalloc(1, sizeof *g);
     *g = (struct group_env){
-        .base = {&group_ops}, .inner = inner, .inner_destroy = inner_destroy, .group = group, .head = head};
+        .base = {&group_ops}, .inner = inner, .inner_destroy = inner_destroy, .group = group, .head = head || !group};
     return &g->base;
 }
 
-void rollout_env_destroy(struct turn_env *e)
+bool gen_group_env_regroup(struct turn_env *e, struct comm *group, bool head)
+{
+    struct group_env *g = (struct group_env *)e;
+    g->group = group;
+    g->head = head || !group;
+    return g->head && !g->inner;
+}
+
+void gen_group_env_set_inner(struct turn_env *e, struct turn_env *inner, void (*inner_destroy)(struct turn_env *))
+{
+    struct group_env *g = (struct group_env *)e;
+    if (g->inner && g->inner_destroy)
+        g->inner_destroy(g->inner);
+    g->inner = inner;
+    g->inner_destroy = inner_destroy;
+}
+
+void gen_group_env_destroy(struct turn_env *e)
 {
     struct group_env *g = (struct group_env *)e;
     if (!g)

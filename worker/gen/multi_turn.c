@@ -207,8 +207,6 @@ struct mt_run *gen_multi_turn_begin(struct model *m, struct turn_env *env, const
 {
     if (!(!gp->record_routes))
         check_failf(__FILE__, __LINE__, "multi-turn generation does not record routes");
-    if (!(!m->sh.pp))
-        check_failf(__FILE__, __LINE__, "multi-turn generation runs on no pipeline stage");
     const int n = gp->n_samples, total = n_prompts * n;
     const long long want = gp->max_batch > n ? gp->max_batch : n;
     int n_slots = (int)(want < total ? want : total > n ? total : n);
@@ -217,7 +215,7 @@ struct mt_run *gen_multi_turn_begin(struct model *m, struct turn_env *env, const
         max_prompt = prompt_lens[p] > max_prompt ? prompt_lens[p] : max_prompt;
     const int cap = max_prompt + gp->max_new_tokens;
     if (gp->kv_budget > 0) {
-        const size_t fit = gp->kv_budget / kv_slot_bytes(m, cap);
+        const size_t fit = kv_slots_fit(m, gp->kv_budget, cap);
         n_slots = fit < (size_t)n_slots ? (fit > (size_t)n ? (int)fit : n) : n_slots;
     }
     const size_t room = (size_t)gp->max_new_tokens + 1;

@@ -573,10 +573,12 @@ static int colocated_setup(struct colocated *c, char *err, size_t errlen)
         return -1;
     c->rc = *trainer_rollout_ctx(c->t);
     c->rc.policy = c->gen ? c->gen : trainer_policy(c->t);
-    if (c->rc.env && (c->rc.policy->sh.tp || c->rc.policy->sh.pp))
-        return error_set(err, errlen,
-                         "multi-turn rollouts generate on an unsplit model: a tensor-parallel "
-                         "generation engine is planned (" KEY_rollout_tensor_model_parallel_size "=1)");
+    /* multi-turn rollouts: an engine of several ranks (its model split over them) generates as one, its head running
+     * the tools and telling the others each answer; a rank alone runs its own (the trainer made none: this source
+     * validates) */
+    const bool split = c->rc.policy->sh.tp || c->rc.policy->sh.pp;
+    if (gen_ctx_load_env(&c->rc, split ? c->engine : NULL, c->head, err, errlen) != 0)
+        return -1;
     if (!c->rc.rm && cfg->rm_enable) { /* the trainer loads it on DP rank 0 only; every engine scores */
         if (gen_ctx_load_reward_model(&c->rc, err, errlen) != 0)
             return -1;
@@ -667,11 +669,9 @@ static int run_colocated(struct role_env *env)
     int status = run_trainer_process(env, &lay, &src, colocated_ready, &c);
     if (env->rank == 0 && c.stolen_total)
         log_info("hybrid", "%lld work unit(s) were made by another engine than their own", (long long)c.stolen_total);
-    if (c.own_rm) {
-        c.rc.env = NULL; /* the trainer's */
-        c.rc.mt = NULL;
-        gen_ctx_release(&c.rc);
-    }
+    if (!c.own_rm)
+        c.rc.rm = NULL;     /* the trainer's */
+    gen_ctx_release(&c.rc); /* the engine's turn environment, and the reward model it loaded */
     model_free(c.gen);
     if (c.engine_dev)
         comm_free(c.engine_dev);

@@ -45,7 +45,6 @@
 #include "worker/model/model_io.h"
 #include "worker/rewards/reward.h"
 #include "worker/roles.h"
-#include "worker/rollout/rollout_env.h"
 #include "worker/tokenizer/tokenizer.h"
 
 struct rollout_rank {
@@ -300,21 +299,10 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
     r->cur_step = -1;
     r->version = -1;
     gen_ctx_init(&r->rc, c, r->policy, r->tok, r->reward);
-    if (r->eng && gen_multi_turn(c)) { /* a TP group's multi-turn rollouts: the head's tools, told to the peers */
-        struct turn_env *real = NULL;
-        const struct turn_env_factory *f = gen_turn_env_factory();
-        if (!f)
-            return error_set(err, errlen,
-                             "multi-turn rollouts (" KEY_rollout_multi_turn_enable ") are not "
-                             "available in this program");
-        if (r->head && !(real = f->create(c, r->tok, err, errlen)))
-            return -1;
-        r->rc.env = rollout_env_create(real, f->destroy, r->eng, r->head);
-        r->rc.env_destroy = rollout_env_destroy;
-        r->rc.mt = xcalloc(1, sizeof *r->rc.mt);
-    }
     r->rc.unscored = !r->head;
-    if ((r->head && gen_ctx_load_reward_model(&r->rc, err, errlen) != 0) || gen_ctx_load_env(&r->rc, err, errlen) != 0)
+    /* multi-turn rollouts on a TP group: the head's tools, told to the peers */
+    if ((r->head && gen_ctx_load_reward_model(&r->rc, err, errlen) != 0) ||
+        gen_ctx_load_env(&r->rc, r->eng, r->head, err, errlen) != 0)
         return -1;
     if (!r->head)
         return 0;

@@ -490,6 +490,15 @@ static int setup_lora_ref_tokenizer(struct trainer *t, const char *model_path, c
     return 0;
 }
 
+/* Multi-turn rollouts where this trainer generates (its validation, one process): a model copy split over TP x PP
+ * ranks generates as one (its group; *head on its first rank, which runs the tools); with EP DP rank 0 validates
+ * alone on the whole model (NULL). A source that validates (colocated ranks) makes its engines' own environment. */
+struct comm *trainer_env_group(const struct trainer *t, bool *head)
+{
+    *head = t->lay.tp_rank == 0 && t->lay.pp_rank == 0;
+    return !t->policy->sh.ep && (t->policy->sh.tp || t->policy->sh.pp) ? t->lay.mp : NULL;
+}
+
 /* Stage data and scorers: prompts, scorers, generation context, every data_source scored. 0, or -1 (err). */
 static int load_data_scorers(struct trainer *t, char *err, size_t errlen)
 {
@@ -508,7 +517,14 @@ static int load_data_scorers(struct trainer *t, char *err, size_t errlen)
     /* the reward model, where this process generates: one process, or the trainers that validate */
     if (t->lay.dp_rank == 0 && gen_ctx_load_reward_model(&t->rc, err, errlen) != 0)
         return -1;
-    if (gen_ctx_load_env(&t->rc, err, errlen) != 0)
+    const struct model *p = t->policy;
+    if (p->sh.ep && (p->sh.tp || p->sh.pp) && gen_multi_turn(cfg))
+        return error_set(err, errlen,
+                         "multi-turn rollouts with " KEY_actor_megatron_expert_model_parallel_size
+                         " and tensor or pipeline parallelism in the trainer are not available yet");
+    bool head;
+    struct comm *group = trainer_env_group(t, &head);
+    if (!t->src.validate && gen_ctx_load_env(&t->rc, group, head, err, errlen) != 0)
         return -1;
     const bool rules = !cfg->rm_enable || cfg->rm_rule_reward_weight != 0; /* a reward model alone needs none */
     for (int i = 0; rules && i < t->train.n; i++)

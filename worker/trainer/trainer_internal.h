@@ -99,6 +99,9 @@ static inline bool trainer_on_device(const struct trainer *t) { return t->policy
 
 /* The group the decisions are broadcast over (every trainer rank), NULL when alone (trainer.c). */
 struct comm *trainer_all_group(const struct trainer *t);
+/* Multi-turn rollouts where this trainer generates: the group its model copy generates as (NULL: alone), *head on
+ * the rank that runs the tools (trainer_create.c) */
+struct comm *trainer_env_group(const struct trainer *t, bool *head);
 
 /* Resume from a checkpoint (whole, the Hugging Face layout) into this rank's part of the weights and of the optimizer
  * state (trainer.c). 0, or -1 with err. */

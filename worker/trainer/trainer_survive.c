@@ -433,6 +433,17 @@ int trainer_reform(struct trainer *t, struct comm *all, struct comm *dp, int dp_
     return trainer_resolve_micro_batches(t, err, errlen);
 }
 
+/* Multi-turn validation: the turn environment follows the model copy's new group (a spare that joined a copy is a
+ * peer or its head now). */
+static void env_follow(struct trainer *t)
+{
+    char err[1024];
+    bool head;
+    struct comm *group = trainer_env_group(t, &head);
+    if (!t->src.validate && gen_ctx_env_regroup(&t->rc, group, head, err, sizeof err) != 0)
+        check_failf(__FILE__, __LINE__, "multi-turn rollouts after the groups were formed again: %s", err);
+}
+
 void trainer_reform_groups(struct trainer *t, struct comm *tp, struct comm *pp, struct comm *mp)
 {
     t->lay.tp = t->lay.tp ? tp : NULL;
@@ -463,6 +474,7 @@ void trainer_reform_groups(struct trainer *t, struct comm *tp, struct comm *pp, 
     if (t->ref)
         model_set_groups(t->ref, tp, pp, model_mp);
     t->lay.devices = t->lay.dp_size * t->lay.tp_size * t->lay.pp_size; /* trainer_reform counted DP ranks */
+    env_follow(t);
 }
 
 int trainer_model_device_groups(const struct trainer *t, struct comm **out)
@@ -525,6 +537,7 @@ void trainer_join_shard(struct trainer *t, int tp_rank, int tp_size, int pp_rank
     adamw_free(t->opt);
     t->opt = o;
     t->rc.policy = p;
+    env_follow(t);
 }
 
 size_t trainer_ref_share(struct trainer *t, int root)
