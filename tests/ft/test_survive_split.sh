@@ -29,6 +29,8 @@
 #    takes the lead: its TP rank 0 the sockets, the lead alive in the copy that left closing its own); one
 #    process's weights; and one-step-off with the lead's copy lost: the undisturbed one-step-off run's weights; DP 2 x
 #    PP 2 trainers, the lead's copy's second stage killed: the other copy's first stage leads, one process's weights;
+#  - multi-turn rollouts with validation at the end, DP 2 x TP 2 trainers, the lead's copy lost: the other copy
+#    validates over its re-formed group; one process's weights and validation responses (answers included);
 #  - refused by name: a split run with spares.
 # Skipped (77) without Open MPI 5 (scripts/ompi5_env.sh --no-install).
 set -u
@@ -223,6 +225,43 @@ says "$TMP/pplead.log" "[rank 1] trainer: step 3: this rank (launch DP rank 1) l
 expect "pplead: the other copy's first stage takes the lead" $?
 same_as_one pplead
 metrics_once pplead
+
+# multi-turn rollouts with validation at the last step, the lead's TP copy lost: the other copy validates over its
+# re-formed group (its first rank's interaction telling the other each answer over the new group); one process's
+# weights, and its validation's multi-turn responses, answers included
+cat >"$TMP/again.yaml" <<'YAML'
+interaction:
+  - name: again
+    class_name: grpo.interactions.Retry
+    config:
+      message: Again.
+YAML
+# validation sampled (4 answers per prompt at temperature 1: greedy answers of the trained tiny model end no turn)
+MT=(data.max_response_length=96 actor_rollout_ref.rollout.multi_turn.enable=true
+    actor_rollout_ref.rollout.multi_turn.interaction_config_path="$TMP/again.yaml"
+    actor_rollout_ref.rollout.multi_turn.max_user_turns=2 trainer.test_freq="$STEPS"
+    actor_rollout_ref.rollout.val_kwargs.do_sample=true actor_rollout_ref.rollout.val_kwargs.temperature=1.0
+    actor_rollout_ref.rollout.val_kwargs.n=4)
+# shellcheck disable=SC2046 # keys' words are the keys
+timeout "$(scaled 120)" "${MPIRUN[@]}" -np 1 grpo-worker $(keys onemt) "${MT[@]}" \
+    trainer.validation_data_dir="$TMP/onemt/val" >"$TMP/onemt.log" 2>&1
+expect "one process, multi-turn with validation: $STEPS steps" $?
+copy_lost tpmt 1 "DP 2 x TP 2 trainers, multi-turn, the lead's copy" "$TP" "${MT[@]}" \
+    trainer.validation_data_dir="$TMP/tpmt/val"
+survived tpmt 3 1 1
+same_as tpmt onemt "the multi-turn process"
+out=$(python3 - "$TMP/onemt/val" "$TMP/tpmt/val" 2>&1 <<'PY'
+import glob, json, sys
+def outs(d):
+    return [[json.loads(l)["output"] for l in open(f)] for f in sorted(glob.glob(d + "/*.jsonl"))]
+a, b = outs(sys.argv[1]), outs(sys.argv[2])
+answered = sum(o.count("Again.") for f in a for o in f)
+if not a or a != b or not answered:
+    sys.exit(f"{len(a)} and {len(b)} dumps, equal: {a == b}, answers in them: {answered}")
+print(f"{sum(map(len, a))} validation responses, {answered} answers")
+PY
+)
+expect "tpmt: the surviving copy's validation gives one process's multi-turn responses ($out)" $?
 
 # refused by name
 # shellcheck disable=SC2046
