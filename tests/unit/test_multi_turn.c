@@ -21,11 +21,13 @@
 #include "worker/model/model_generate.h"
 
 /* The scripted environment: trajectory t gets `turns` answers of 3 tokens {40 + t % 5, 41, 42}, then ends. With
- * slow, answers are held until generation has nothing else to do (a blocking poll), as a slow tool's would. */
+ * slow, answers are held until generation has nothing else to do (a blocking poll), as a slow tool's would; with
+ * closing, the last answer ends the trajectory after it (an interaction's closing answer, done with tokens). */
 struct script {
     struct turn_env base;
     int turns;
-    bool slow, single;
+    bool slow, single, closing;
+    int closed; /* trajectories that ended on a closing answer */
     int answered[64];
     struct turn_reply held[64];
     int n_held;
@@ -54,6 +56,8 @@ static void s_turn_end(struct turn_env *e, int traj, const int32_t *ids, int n, 
         r.ids = malloc(3 * sizeof(int32_t));
         r.ids[0] = 40 + traj % 5, r.ids[1] = 41, r.ids[2] = 42;
         s->answered[traj]++;
+        r.done = s->closing && s->answered[traj] == s->turns;
+        s->closed += r.done;
     } else {
         r.done = true;
     }
@@ -150,7 +154,8 @@ static void run_and_check(struct model *m, struct script *s, int max_batch, int 
             t += 2;
         }
         assert_true(model_tokens > 0);
-        assert_int_equal(o->mask[o->len - 1], 1); /* a trajectory never ends on an answer */
+        /* a trajectory never ends on an answer, but on a closing one */
+        assert_int_equal(o->mask[o->len - 1], s->closing && s->answered[i] == s->turns ? 0 : 1);
         assert_int_equal(sums[i].turns, 2 * s->answered[i] + 2);
         free(ref);
     }
@@ -162,7 +167,7 @@ static void run_and_check(struct model *m, struct script *s, int max_batch, int 
         prefilled += sums[i].prefill_tokens;
     }
     assert_int_equal(answers, given);
-    assert_int_equal(resumed, given); /* each trajectory's own counts add up to the call's */
+    assert_int_equal(resumed, given - s->closed); /* each trajectory's own counts add up to the call's */
     assert_int_equal(prefilled, st->resume_tokens + st->recompute_tokens);
     assert_true(given > 0);
     for (int i = 0; i < total; i++)
@@ -196,6 +201,19 @@ static void test_evicted_cache_recomputed(void **state)
     assert_true(st.evictions > 0);
     assert_true(st.recompute_tokens > 0);
     assert_true(st.env_wait_s >= 0);
+    model_free(m);
+}
+
+/* A closing answer (done, with tokens: an interaction ending the trajectory, verl's last user turn) is appended,
+ * masked, and the trajectory ends there; a closing answer past the budget ends it without one. */
+static void test_closing_answer(void **state)
+{
+    (void)state;
+    struct model *m = load("tiny-llama-tied");
+    struct script s = {.base.ops = &script_ops, .turns = 2, .closing = true};
+    struct multi_turn_stats st;
+    run_and_check(m, &s, 6, 200, &st);
+    assert_true(s.closed > 0);
     model_free(m);
 }
 
@@ -251,6 +269,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kept_cache),
         cmocka_unit_test(test_evicted_cache_recomputed),
+        cmocka_unit_test(test_closing_answer),
         cmocka_unit_test(test_budget_bounds_everything),
         cmocka_unit_test(test_single_turn_equals_generate),
     };

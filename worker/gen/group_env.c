@@ -59,7 +59,7 @@ static int env_poll(struct turn_env *te, struct turn_reply *out, int max, bool w
             clock_sleep_s(0.002);
         }
         for (int i = 0; i < head[0]; i++)
-            head[1] += out[i].n > 0 && !out[i].done ? out[i].n : 0;
+            head[1] += out[i].n > 0 ? out[i].n : 0;
     }
     do /* a peer: past the head's words while it waits */
         bcast(g, head, 2, COMM_I64);
@@ -73,7 +73,7 @@ static int env_poll(struct turn_env *te, struct turn_reply *out, int max, bool w
     if (g->head) {
         size_t at = 0;
         for (int i = 0; i < k; i++) {
-            const int n = out[i].n > 0 && !out[i].done ? out[i].n : 0;
+            const int n = out[i].n > 0 ? out[i].n : 0;
             meta[3 * i] = out[i].traj, meta[3 * i + 1] = out[i].done, meta[3 * i + 2] = n;
             if (n > 0)
                 memcpy(ids + at, out[i].ids, (size_t)n * sizeof(int32_t));

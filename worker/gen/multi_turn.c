@@ -127,7 +127,7 @@ static void answer(struct mt_run *g, const struct turn_reply *r)
     struct gen_output *o = &g->out[r->traj];
     if (!(t->state == T_WAIT))
         check_failf(__FILE__, __LINE__, "multi-turn: an answer for trajectory %d, which is not waiting", r->traj);
-    if (!r->done && parked(g, r->traj)) { /* appended in the next phase, with its version */
+    if ((!r->done || r->n > 0) && parked(g, r->traj)) { /* appended in the next phase, with its version */
         if (g->has_held[r->traj])
             check_failf(__FILE__, __LINE__, "multi-turn: a second answer for trajectory %d while one is held", r->traj);
         g->held[r->traj] = *r;
@@ -135,15 +135,18 @@ static void answer(struct mt_run *g, const struct turn_reply *r)
         return;
     }
     g->waiting--;
-    if (r->done || r->n <= 0 || o->len + r->n >= g->gp->max_new_tokens) { /* verl: no turn ends on an answer */
+    const bool fits = r->n > 0 && o->len + r->n < g->gp->max_new_tokens; /* verl: no turn ends on an answer */
+    if (fits) {
+        memcpy(o->tokens + o->len, r->ids, (size_t)r->n * sizeof(int32_t));
+        memset(o->logps + o->len, 0, (size_t)r->n * sizeof(float));
+        memset(o->mask + o->len, 0, (size_t)r->n);
+        o->len += r->n;
+    }
+    if (r->done || !fits) { /* a closing answer appended, or none */
         free(r->ids);
         finish(g, r->traj);
         return;
     }
-    memcpy(o->tokens + o->len, r->ids, (size_t)r->n * sizeof(int32_t));
-    memset(o->logps + o->len, 0, (size_t)r->n * sizeof(float));
-    memset(o->mask + o->len, 0, (size_t)r->n);
-    o->len += r->n;
     t->turn_start = o->len;
     t->state = T_RUN;
     free(r->ids);

@@ -21,7 +21,7 @@ struct tokenizer;
 /* The environment's answer to a model turn. */
 struct turn_reply {
     int traj;     /* which trajectory (the id begin got) */
-    bool done;    /* the trajectory ends here (ids is then NULL) */
+    bool done;    /* the trajectory ends here, after ids where there are any (an interaction's closing answer) */
     int32_t *ids; /* (n) tokens to append after the model's turn, not trained on (malloc'd, the generator frees) */
     int n;
 };
