@@ -11,6 +11,8 @@
 #  - a rollout TP group of 2, and with validation: colocated DP 2 generating as one engine of rollout TP 2, colocated
 #    TP 2 generating as the engine, colocated PP 2, split runs of TP 2 or PP 2 trainers (their validation generates
 #    on the model copy) give the same, and the validation's greedy multi-turn responses are one process's;
+#  - a Python interaction written for verl answers with its own per-trajectory state, and its scores reach a Python
+#    scorer as extra_info.turn_scores;
 #  - one-step-off (rollout.mode=async) runs multi-turn too;
 #  - fully-async training: staleness 0 + a push every step equals the on-policy 1+1 run bit for bit; with partial
 #    rollout (trajectories continued with new weights mid-turn) and without it, the float64 stream check and a
@@ -84,6 +86,48 @@ print(f"{len(multi)} multi-turn trajectories of {len(lines)}")
 PY
 )
 expect "the split run's audit carries masks and conversations ($out)" $?
+
+# a Python interaction written for verl (tests/fixtures/tools/grade_interaction.py) in a run: it answers in the
+# trajectories with its per-trajectory tries, and its scores reach a Python scorer as extra_info.turn_scores (the
+# scorer returns their sum): each trajectory's score in the audit is the sum of 0.25 k over its answers k
+cp "$SRC_ROOT/tests/fixtures/tools/grade_interaction.py" "$TMP/"
+cat >"$TMP/grade.yaml" <<'EOF'
+interaction:
+  - name: grader
+    class_name: grade_interaction.Grade
+    config:
+      feedback: Not yet, look again.
+EOF
+cat >"$TMP/turn_scores.py" <<'EOF'
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return float(sum((extra_info or {}).get("turn_scores", [])))
+EOF
+# shellcheck disable=SC2046
+"$WORKER" $(common llama) "${MT[@]}" actor_rollout_ref.rollout.multi_turn.interaction_config_path="$TMP/grade.yaml" \
+    custom_reward_function.path="$TMP/turn_scores.py" custom_reward_function.name=compute_score \
+    trainer.total_training_steps=1 trainer.default_local_dir="$TMP/pyint" trainer.rollout_data_dir="$TMP/pyint/audit" \
+    >"$TMP/pyint.log" 2>&1
+expect "a run with a Python interaction finishes" $?
+out=$(python3 - "$TMP/pyint/audit" 2>&1 <<'PY'
+import glob, json, sys
+lines = [json.loads(l) for f in glob.glob(sys.argv[1] + "/*.jsonl") for l in open(f)]
+answered = 0
+for r in lines:
+    # every answer scored, one past the response budget too (not shown: the trajectory ended there, as in verl)
+    said = [m["content"] for m in r.get("messages", []) if m["role"] == "user"][1:]
+    want = [f"Not yet, look again. (try {k})" for k in range(1, len(said) + 1)]
+    if said != want:
+        sys.exit(f"uid {r['uid']}: answers {said}")
+    expect = sum(0.25 * k for k in range(1, len(said) + 1))
+    if abs(r["score"] - expect) > 1e-6:
+        sys.exit(f"uid {r['uid']}: score {r['score']} for {len(said)} answers (want {expect})")
+    answered += len(said) > 0
+if not lines or not answered:
+    sys.exit(f"{answered} of {len(lines)} trajectories answered")
+print(f"{answered} of {len(lines)} trajectories answered, every score the sum of its turn scores")
+PY
+)
+expect "the Python interaction's answers and turn_scores reach the audit and the scorer ($out)" $?
 
 # a rollout TP group of 2 (the model split over the two rollout ranks): its first rank runs the environment and tells
 # the other each answer as it takes it, so both make the same steps; the run reproduces one process's

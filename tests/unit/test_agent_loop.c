@@ -66,9 +66,9 @@ static void teardown(struct fixture *f)
     config_free(&f->c);
 }
 
-/* A model turn: text's tokens and the stop token `stop`. The answer's text (keep special tokens), or NULL when
- * the trajectory ends. */
-static char *turn(struct fixture *f, int traj, const char *text, const char *stop, int budget)
+/* A model turn: text's tokens and the stop token `stop`. The answer's text (keep special tokens), or NULL for
+ * none; *done when the trajectory ends (after the answer, where there is one). */
+static char *turn_ex(struct fixture *f, int traj, const char *text, const char *stop, int budget, bool *done)
 {
     size_t n;
     int32_t *ids = tokenizer_encode(f->tok, text, strlen(text), 0, &n);
@@ -83,12 +83,23 @@ static char *turn(struct fixture *f, int traj, const char *text, const char *sto
     struct turn_reply r;
     assert_int_equal(f->env->ops->poll(f->env, &r, 1, true), 1);
     assert_int_equal(r.traj, traj);
-    if (r.done) {
-        assert_null(r.ids);
+    *done = r.done;
+    if (!r.ids)
         return NULL;
-    }
     char *s = tokenizer_decode(f->tok, r.ids, (size_t)r.n, false);
     free(r.ids);
+    return s;
+}
+
+/* turn_ex for a turn the trajectory goes on after (its answer), or ends at without an answer (NULL). */
+static char *turn(struct fixture *f, int traj, const char *text, const char *stop, int budget)
+{
+    bool done;
+    char *s = turn_ex(f, traj, text, stop, budget, &done);
+    if (done)
+        assert_null(s);
+    else
+        assert_non_null(s);
     return s;
 }
 
@@ -240,20 +251,88 @@ static void test_interaction(void **state)
     assert_false(s.mismatch);
     gen_turn_summary_free(&s);
     teardown(&f);
-    /* a config naming an unknown class or key is refused with its line */
+    /* a config naming an unknown key is refused with its line */
     const char *bad = "tmp-interaction-bad.yaml";
-    FILE *y = fopen(bad, "w");
-    fputs("interaction:\n  - name: a\n    class_name: my.Interaction\n", y);
-    fclose(y);
+    FILE *y;
     struct interaction_set is;
     char err[512];
-    assert_int_equal(interaction_set_load_yaml(&is, bad, err, sizeof err), -1);
-    assert_non_null(strstr(err, "tmp-interaction-bad.yaml:3: unknown interaction class 'my.Interaction'"));
     y = fopen(bad, "w");
     fputs("interaction:\n  - name: a\n    class_name: grpo.interactions.Retry\n    config:\n      msg: x\n", y);
     fclose(y);
     assert_int_equal(interaction_set_load_yaml(&is, bad, err, sizeof err), -1);
     assert_non_null(strstr(err, ":5: unknown key 'msg' in config (message)"));
+    unlink(bad);
+}
+
+/* A Python interaction written for verl (tests/fixtures/tools/grade_interaction.py), picked by the sample's
+ * interaction_kwargs.name beside a Retry: start_interaction gets the sample's kwargs (its ground truth), each
+ * trajectory its own state, each answer's score reaches the scorer's extra_info as turn_scores, and the answer that
+ * ends the trajectory is appended before the end (as verl's agent loop does); an exception ends its trajectory,
+ * counted, and the next trajectory is served. */
+static void test_python_interaction(void **state)
+{
+    (void)state;
+    struct fixture f;
+    const char *ov[] = {"actor_rollout_ref.rollout.multi_turn.interaction_config_path",
+                        "tests/fixtures/tools/grade_interaction.yaml",
+                        "actor_rollout_ref.rollout.multi_turn.max_user_turns", "4", NULL};
+    setup(&f, "qwen2.5-instruct", ov);
+    const char *kw = "{\"interaction_kwargs\":{\"name\":\"grader\",\"ground_truth\":12}}";
+    assert_int_equal(f.env->ops->begin(f.env, 0, USER, kw, NULL), 0);
+    assert_int_equal(f.env->ops->begin(f.env, 1, USER, kw, NULL), 0);
+    char *a = turn(&f, 0, "#### 7", "<|im_end|>", 500);
+    assert_string_equal(a, "\n<|im_start|>user\nNot yet, look again. (try 1)<|im_end|>\n<|im_start|>assistant\n");
+    free(a);
+    a = turn(&f, 1, "#### 8", "<|im_end|>", 500); /* another trajectory: its own tries */
+    assert_non_null(strstr(a, "(try 1)"));
+    free(a);
+    a = turn(&f, 0, "#### 9", "<|im_end|>", 450);
+    assert_non_null(strstr(a, "(try 2)"));
+    free(a);
+    bool done = false;
+    a = turn_ex(&f, 0, "#### 12", "<|im_end|>", 400, &done);
+    assert_true(done);
+    assert_non_null(a);
+    assert_string_equal(a, "\n<|im_start|>user\nCorrect after 3 tries (grader).<|im_end|>\n<|im_start|>assistant\n");
+    free(a);
+    struct turn_summary s;
+    f.env->ops->finish(f.env, 0, &s);
+    assert_int_equal(s.turns, 3 + 3 + 1);
+    assert_false(s.mismatch);
+    assert_non_null(strstr(s.messages_json, "Correct after 3 tries"));
+    json_t *x = json_loads(s.reward_json, 0, NULL);
+    json_t *ts = json_object_get(x, "turn_scores");
+    assert_int_equal((int)json_array_size(ts), 3);
+    assert_float_equal(json_number_value(json_array_get(ts, 0)), 0.25, 0);
+    assert_float_equal(json_number_value(json_array_get(ts, 1)), 0.5, 0);
+    assert_float_equal(json_number_value(json_array_get(ts, 2)), 1.0, 0);
+    assert_int_equal((int)json_array_size(json_object_get(x, "tool_rewards")), 0);
+    json_decref(x);
+    gen_turn_summary_free(&s);
+    /* an exception in generate_response: the trajectory ends there, counted */
+    assert_null(turn(&f, 1, "raise", "<|im_end|>", 450));
+    f.env->ops->finish(f.env, 1, &s);
+    assert_int_equal(s.tool_errors, 1);
+    gen_turn_summary_free(&s);
+    /* the Retry of the same file, by name */
+    assert_int_equal(f.env->ops->begin(f.env, 2, USER, "{\"interaction_kwargs\":{\"name\":\"retry\"}}", NULL), 0);
+    a = turn(&f, 2, "#### 12", "<|im_end|>", 500);
+    assert_non_null(strstr(a, "Check your work and answer again."));
+    free(a);
+    f.env->ops->finish(f.env, 2, &s);
+    gen_turn_summary_free(&s);
+    teardown(&f);
+    /* a class that does not load: the file's line and Python's reason */
+    const char *bad = "tmp-interaction-py-bad.yaml";
+    FILE *y = fopen(bad, "w");
+    fputs("interaction:\n  - name: a\n    class_name: no_such_module.Grader\n", y);
+    fclose(y);
+    struct interaction_set is;
+    char err[2048];
+    assert_int_equal(interaction_set_load_yaml(&is, bad, err, sizeof err), -1);
+    assert_non_null(
+        strstr(err, "tmp-interaction-py-bad.yaml:3: interaction 'a': cannot load class 'no_such_module.Grader'"));
+    assert_non_null(strstr(err, "No module named 'no_such_module'"));
     unlink(bad);
 }
 
@@ -374,6 +453,7 @@ int main(void)
         cmocka_unit_test(test_limits_end_trajectories),
         cmocka_unit_test(test_llama3_json),
         cmocka_unit_test(test_interaction),
+        cmocka_unit_test(test_python_interaction),
         cmocka_unit_test(test_template_raises),
         cmocka_unit_test(test_python_tools),
         cmocka_unit_test(test_parsers),

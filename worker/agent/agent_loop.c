@@ -1,6 +1,7 @@
 #include "agent_loop.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -30,6 +31,9 @@ struct atraj {
     json_t *extra;     /* the sample's extra_info (an object), or NULL */
     json_t *instances; /* {tool name: instance id} of the tools this trajectory created */
     const struct interaction *interaction; /* its simulated user, or NULL */
+    char iid[48];                          /* its interaction's instance id (a Python interaction's state) */
+    json_t *turn_scores;                   /* the interaction's score of each answer (verl's turn_scores) */
+    json_t *tool_rewards;                  /* each tool call's step reward (verl's tool_rewards) */
     int assistant_turns, user_turns, tool_calls, tool_errors, template_errors;
     bool cut; /* its last model turn ran out of the response budget (no stop token: the template closes it) */
     double tool_s;
@@ -68,6 +72,12 @@ struct agent_env {
 };
 
 static atomic_ullong instance_counter;
+
+/* A tool's or interaction's instance id, unique within the process and across processes: "PID-N". */
+static void instance_id(char *id, size_t len)
+{
+    snprintf(id, len, "%ld-%llu", (long)getpid(), (unsigned long long)atomic_fetch_add(&instance_counter, 1));
+}
 
 /* ------------------------------------------------------------------ tools */
 
@@ -179,7 +189,7 @@ static const char *instance_of(struct atraj *a, struct tool *t)
     if (have)
         return json_string_value(have);
     char id[64];
-    snprintf(id, sizeof id, "%ld-%llu", (long)getpid(), (unsigned long long)atomic_fetch_add(&instance_counter, 1));
+    instance_id(id, sizeof id);
     json_t *kw = NULL; /* extra_info.tools_kwargs.NAME.create_kwargs (verl's) */
     json_t *tk = a->extra ? json_object_get(a->extra, "tools_kwargs") : NULL;
     if (json_is_object(tk) && json_is_object(json_object_get(tk, t->name)))
@@ -213,7 +223,9 @@ static char *run_call(struct agent_env *e, struct atraj *a, const struct parsed_
         return xstrdup("Error: the tool could not be started");
     double reward = 0;
     *is_error = 0;
-    return tool_call_in(t, id, pc->arguments, &reward, is_error);
+    char *out = tool_call_in(t, id, pc->arguments, &reward, is_error);
+    json_array_append_new(a->tool_rewards, json_real(isfinite(reward) ? reward : 0));
+    return out;
 }
 
 static json_t *call_json(const struct parsed_call *pc)
@@ -229,14 +241,15 @@ static json_t *call_json(const struct parsed_call *pc)
     return o;
 }
 
-static void reply(struct agent_env *e, int traj, int32_t *ids, int n)
+/* Trajectory traj's answer: ids (n) to append, then the trajectory goes on, or ends when last; NULL: it ends. */
+static void reply(struct agent_env *e, int traj, int32_t *ids, int n, bool last)
 {
     pthread_mutex_lock(&e->mu);
     if (e->n_replies == e->cap_replies) {
         e->cap_replies = e->cap_replies ? 2 * e->cap_replies : 64;
         e->replies = xrealloc(e->replies, (size_t)e->cap_replies * sizeof *e->replies);
     }
-    e->replies[e->n_replies++] = (struct turn_reply){.traj = traj, .done = ids == NULL, .ids = ids, .n = n};
+    e->replies[e->n_replies++] = (struct turn_reply){.traj = traj, .done = ids == NULL || last, .ids = ids, .n = n};
     pthread_cond_signal(&e->reply_cv);
     pthread_mutex_unlock(&e->mu);
 }
@@ -255,9 +268,11 @@ static int32_t *append_answers(struct agent_env *e, struct atraj *a, const struc
                                json_t *shown, int *n);
 static int32_t *answer_tokens(struct agent_env *e, struct atraj *a, const struct job *j, json_t *answers, int *n);
 
-/* A model turn: the tokens to append after it (*n), or NULL when the trajectory ends. */
-static int32_t *take_turn(struct agent_env *e, struct atraj *a, const struct job *j, int *n)
+/* A model turn: the tokens to append after it (*n; *last when the trajectory ends after them: an interaction's
+ * closing answer), or NULL when the trajectory ends. */
+static int32_t *take_turn(struct agent_env *e, struct atraj *a, const struct job *j, int *n, bool *last)
 {
+    *last = false;
     const struct grpo_config *c = e->cfg;
     keep_tokens(a, j->ids, j->n);
     a->cut = !j->stopped;
@@ -280,13 +295,21 @@ static int32_t *take_turn(struct agent_env *e, struct atraj *a, const struct job
     }
     free(text);
     if (!over && pt.n_calls == 0) { /* no call: the simulated user answers */
-        int terminate = 0;
-        char *said = interaction_respond(a->interaction, &terminate);
         parsed_turn_free(&pt);
-        if (terminate) {
-            free(said);
+        struct interaction_reply r;
+        char err[1024];
+        const json_t *kw = a->extra ? json_object_get(a->extra, "interaction_kwargs") : NULL;
+        if (interaction_respond(a->interaction, a->iid, json_is_object(kw) ? kw : NULL, a->msgs, &r, err, sizeof err) !=
+            0) {
+            a->tool_errors++; /* the trajectory ends here; the run goes on */
+            log_warn_every("agent", "interaction %s: %s: the trajectory ends there", a->interaction->name, err);
             return NULL;
         }
+        if (r.scored)
+            json_array_append_new(a->turn_scores, json_real(isfinite(r.score) ? r.score : 0));
+        /* verl appends the answer that ends the trajectory too (masked, as every answer) */
+        *last = r.terminate;
+        char *said = r.text;
         json_t *answers = json_array(), *shown = json_array();
         json_array_append_new(answers, json_pack("{s:s, s:s}", "role", "user", "content", said));
         json_array_append_new(shown, json_pack("{s:s, s:s}", "role", "user", "content", said));
@@ -400,12 +423,13 @@ static void *worker_main(void *arg)
             e->jobs_tail = &e->jobs;
         pthread_mutex_unlock(&e->mu);
         int n = 0;
-        int32_t *ids = take_turn(e, traj_at(e, j->traj), j, &n);
+        bool last;
+        int32_t *ids = take_turn(e, traj_at(e, j->traj), j, &n, &last);
         /* for the tests only: GRPO_TEST_ANSWER_DELAY_S=S makes every answer S seconds slower (a slow tool, so that
          * weight pushes come while trajectories wait for their answers) */
         static double delay_s = -1;
         clock_test_sleep("GRPO_TEST_ANSWER_DELAY_S", &delay_s);
-        reply(e, j->traj, ids, n);
+        reply(e, j->traj, ids, n, last);
         free(j->ids);
         free(j);
     }
@@ -418,7 +442,7 @@ static void atraj_free(struct atraj *a)
     if (!a)
         return;
     json_decref(a->prompt), json_decref(a->msgs), json_decref(a->audit), json_decref(a->extra);
-    json_decref(a->instances);
+    json_decref(a->instances), json_decref(a->turn_scores), json_decref(a->tool_rewards);
     free(a->resp);
     free(a);
 }
@@ -442,10 +466,13 @@ static int env_begin(struct turn_env *te, int traj, const char *messages_json, c
         a->extra = NULL;
     }
     a->instances = json_object();
+    a->turn_scores = json_array();
+    a->tool_rewards = json_array();
     if (e->interactions.n > 0) { /* extra_info.interaction_kwargs.name (verl's), or the first */
         json_t *kw = a->extra ? json_object_get(a->extra, "interaction_kwargs") : NULL;
         const char *name = json_string_value(json_object_get(kw, "name"));
         a->interaction = interaction_find(&e->interactions, name);
+        instance_id(a->iid, sizeof a->iid);
         if (!a->interaction)
             log_warn_every("agent", "a sample asks for interaction '%s', which %s does not define: it has none", name,
                            e->cfg->rollout_multi_turn_interaction_config_path);
@@ -518,7 +545,11 @@ static bool tokens_match_messages(struct agent_env *e, struct atraj *a)
 {
     char err[512];
     char *prompt = render(e, a->prompt, true, err, sizeof err);
-    char *full = prompt ? render(e, a->msgs, false, err, sizeof err) : NULL;
+    /* a trajectory that ended on an answer (an interaction's closing one) holds the generation prompt after it */
+    const json_t *tail = json_array_get(a->msgs, json_array_size(a->msgs) - 1);
+    const char *role = json_string_value(json_object_get(tail, "role"));
+    const bool answered = role && strcmp(role, "assistant") != 0;
+    char *full = prompt ? render(e, a->msgs, answered, err, sizeof err) : NULL;
     char *resp = tokenizer_decode_utf8(e->tok, a->resp, (size_t)a->resp_n, false);
     bool ok = false;
     if (full && strncmp(full, prompt, strlen(prompt)) == 0) {
@@ -573,12 +604,15 @@ static void env_finish(struct turn_env *te, int traj, struct turn_summary *out)
         json_object_set_new(scores, name, json_real(tool_calc_reward(t, json_string_value(id))));
         tool_release(t, json_string_value(id));
     }
+    interaction_finish(a->interaction, a->iid);
     if (a->tool_agent) {
         out->messages_json = CHECK_ALLOC(json_dumps(a->audit, JSON_COMPACT | JSON_ENSURE_ASCII));
         json_t *x = a->extra ? json_deep_copy(a->extra) : json_object();
         json_object_set_new(x, "num_turns", json_integer(out->turns));
         json_object_set_new(x, "rollout_reward_scores", scores);
         scores = NULL;
+        json_object_set(x, "turn_scores", a->turn_scores); /* verl's agent loop's extra fields */
+        json_object_set(x, "tool_rewards", a->tool_rewards);
         out->reward_json = CHECK_ALLOC(json_dumps(x, JSON_COMPACT | JSON_ENSURE_ASCII));
         json_decref(x);
     }

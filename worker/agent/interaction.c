@@ -12,6 +12,7 @@
 
 #define RETRY "grpo.interactions.Retry"
 #define RETRY_MESSAGE "Your answer is not right yet. Check your work and give your final answer again."
+#define INTERACTION_PROCS 2 /* helper processes of a Python interaction: answers computed at once */
 
 struct icfg {
     const char *path;
@@ -64,28 +65,47 @@ static int load_one(struct icfg *y, struct interaction_set *s, const yaml_node_t
     if (keys_of(y, item, "an interaction (name, class_name, config)", keys, v) != 0)
         return -1;
     const char *cls = text_of(v[1]), *name = text_of(v[0]);
-    if (!cls)
+    if (!cls || !*cls)
         return ifail(y, v[1] ? v[1] : item, "class_name: missing or not a string");
-    if (strcmp(cls, RETRY) != 0)
-        return ifail(y, v[1], "unknown interaction class '%s' (known: %s; Python interactions are planned)", cls,
-                     RETRY);
     if (!name || !*name)
         return ifail(y, v[0] ? v[0] : item, "name: missing or not a string");
     if (interaction_find(s, name))
         return ifail(y, v[0], "a second interaction named '%s'", name);
-    const char *message = RETRY_MESSAGE;
-    if (v[2] && !(v[2]->type == YAML_SCALAR_NODE && !*text_of(v[2]))) { /* config: (empty) is no config */
-        static const char *const ckeys[] = {"message", NULL};
-        const yaml_node_t *cv[1] = {NULL};
-        if (keys_of(y, v[2], "config (message)", ckeys, cv) != 0)
-            return -1;
-        if (cv[0] && !text_of(cv[0]))
-            return ifail(y, cv[0], "config.message: expected a text");
-        if (cv[0])
-            message = text_of(cv[0]);
+    const bool empty = !v[2] || (v[2]->type == YAML_SCALAR_NODE && !*text_of(v[2])); /* config: (empty) is none */
+    struct interaction it = {0};
+    if (strcmp(cls, RETRY) != 0) { /* a Python class written for verl */
+        json_t *config = empty ? json_object() : agent_yaml_json(y->doc, v[2]);
+        if (!config || !json_is_object(config)) {
+            json_decref(config);
+            return ifail(y, v[2], "config: expected a mapping (the class's config)");
+        }
+        struct pytool_options o;
+        pytool_options_default(&o);
+        o.num_procs = INTERACTION_PROCS;
+        agent_dir_of(y->path, o.dir, sizeof o.dir);
+        char e[2048];
+        it.py = pyinteraction_new(name, cls, config, &o, e, sizeof e);
+        json_decref(config);
+        if (!it.py)
+            return ifail(y, v[1], "interaction '%s': %s", name, e);
+        it.message = NULL;
+    } else {
+        const char *message = RETRY_MESSAGE;
+        if (!empty) {
+            static const char *const ckeys[] = {"message", NULL};
+            const yaml_node_t *cv[1] = {NULL};
+            if (keys_of(y, v[2], "config (message)", ckeys, cv) != 0)
+                return -1;
+            if (cv[0] && !text_of(cv[0]))
+                return ifail(y, cv[0], "config.message: expected a text");
+            if (cv[0])
+                message = text_of(cv[0]);
+        }
+        it.message = xstrdup(message);
     }
+    it.name = xstrdup(name);
     s->items = xrealloc(s->items, (size_t)(s->n + 1) * sizeof *s->items);
-    s->items[s->n++] = (struct interaction){xstrdup(name), xstrdup(message)};
+    s->items[s->n++] = it;
     return 0;
 }
 
@@ -124,10 +144,27 @@ const struct interaction *interaction_find(const struct interaction_set *s, cons
     return NULL;
 }
 
-char *interaction_respond(const struct interaction *it, int *terminate)
+int interaction_respond(const struct interaction *it, const char *instance, const json_t *kwargs,
+                        const json_t *messages, struct interaction_reply *out, char *err, size_t errlen)
 {
-    *terminate = 0;
-    return xstrdup(it->message);
+    *out = (struct interaction_reply){0};
+    if (!it->py) {
+        out->text = xstrdup(it->message);
+        return 0;
+    }
+    int terminate = 0;
+    out->text =
+        pyinteraction_respond(it->py, instance, kwargs, messages, &terminate, &out->score, &out->scored, err, errlen);
+    if (!out->text)
+        return -1;
+    out->terminate = terminate != 0; /* verl appends this last answer too, then ends the trajectory */
+    return 0;
+}
+
+void interaction_finish(const struct interaction *it, const char *instance)
+{
+    if (it && it->py)
+        pyinteraction_finalize(it->py, instance);
 }
 
 void interaction_set_free(struct interaction_set *s)
@@ -135,6 +172,7 @@ void interaction_set_free(struct interaction_set *s)
     for (int i = 0; i < s->n; i++) {
         free(s->items[i].name);
         free(s->items[i].message);
+        pyinteraction_free(s->items[i].py);
     }
     free(s->items);
     memset(s, 0, sizeof *s);

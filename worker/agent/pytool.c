@@ -590,30 +590,39 @@ static double py_calc_reward(struct tool *t, const char *instance_id)
     return r;
 }
 
-static void py_release(struct tool *t, const char *instance_id)
+/* Instance id's end on the slot it lives in (a tool's release, an interaction's finalize_interaction), where the
+ * process that holds it still runs; a failure is logged as "LABEL of instance ID". */
+static void release_instance(struct pypool *p, const char *tool, const char *id, const char *label)
 {
-    struct pypool *p = ((struct pytool *)t->impl)->pool;
-    if (!instance_id || p->functions)
-        return;
     int k;
     unsigned epoch = 0;
-    unbind_inst(p, instance_id, &k, &epoch);
+    unbind_inst(p, id, &k, &epoch);
     if (k < 0 || epoch == 0)
-        return;
+        return; /* never created */
     const int slot = acquire(p, k);
     if (p->h[slot].pid > 0 && p->h[slot].epoch == epoch) { /* else the process that held it is gone */
-        json_t *req = request("release", t->name, instance_id), *resp;
+        json_t *req = request("release", tool, id), *resp;
         char why[1024];
         const int rc = roundtrip(p, slot, req, &resp, why, sizeof why);
         json_decref(req);
         if (rc != RT_OK || !json_is_true(json_object_get(resp, "ok")))
-            log_warn("agent", "%s: release of instance %s: %s", t->name, instance_id,
+            log_warn("agent", "%s of instance %s: %s", label, id,
                      rc == RT_TIMEOUT ? "timed out"
                      : rc != RT_OK    ? why
                                       : json_string_value(json_object_get(resp, "error")) ?: "failed");
         json_decref(resp);
     }
     give_back(p, slot);
+}
+
+static void py_release(struct tool *t, const char *instance_id)
+{
+    struct pypool *p = ((struct pytool *)t->impl)->pool;
+    if (!instance_id || p->functions)
+        return;
+    char label[256];
+    snprintf(label, sizeof label, "%s: release", t->name);
+    release_instance(p, t->name, instance_id, label);
 }
 
 static void py_destroy(struct tool *t)
@@ -725,4 +734,90 @@ int pytool_load_function_file(const char *py_path, const struct pytool_options *
     }
     pool_free(p); /* ours: the pool lives on while a tool holds it */
     return rc;
+}
+
+/* ---- Python interactions (verl's BaseInteraction; worker/agent/interaction.c) ---- */
+
+struct pyinteraction {
+    struct pypool *pool;
+    char name[128]; /* the interaction's name, for messages */
+};
+
+struct pyinteraction *pyinteraction_new(const char *name, const char *class_path, json_t *config,
+                                        const struct pytool_options *o, char *err, size_t errlen)
+{
+    json_t *cfg = config && json_is_object(config) ? json_deep_copy(config) : json_object();
+    if (!json_object_get(cfg, "name")) /* verl's registry gives the class its name in its config */
+        json_object_set_new(cfg, "name", json_string(name));
+    json_t *spec =
+        json_pack("{s:s, s:s, s:o, s:s}", "kind", "interaction", "class", class_path, "config", cfg, "dir", o->dir);
+    char what[512], e[2048];
+    snprintf(what, sizeof what, "Python interaction %s (%s)", name, class_path);
+    struct pypool *p = spec ? pool_new(spec, o, what, NULL, e, sizeof e) : NULL;
+    json_decref(spec);
+    if (!p) {
+        error_set(err, errlen, "cannot load class '%s': %s", class_path, spec ? e : "bad config");
+        return NULL;
+    }
+    struct pyinteraction *pi = xcalloc(1, sizeof *pi);
+    pi->pool = p;
+    snprintf(pi->name, sizeof pi->name, "%s", name);
+    log_debug("agent", "interaction %s: Python class %s (%s; %d processes; %g s per call)", name, class_path,
+              p->o.python, p->n, p->o.timeout_s);
+    return pi;
+}
+
+char *pyinteraction_respond(struct pyinteraction *pi, const char *instance_id, const json_t *kwargs,
+                            const json_t *messages, int *terminate, double *reward, bool *scored, char *err,
+                            size_t errlen)
+{
+    struct pypool *p = pi->pool;
+    *terminate = 0, *reward = 0, *scored = false;
+    int created = 0;
+    const int k = bind_inst(p, instance_id, kwargs, &created); /* started (start_interaction) on its first turn */
+    const int slot = acquire(p, k);
+    char *answer = NULL;
+    if (ensure_created(p, pi->name, slot, instance_id, &answer) != RT_OK) {
+        give_back(p, slot);
+        error_set(err, errlen, "start_interaction: %s", answer + strlen("Error: "));
+        free(answer);
+        return NULL;
+    }
+    json_t *req = request("respond", pi->name, instance_id);
+    json_object_set(req, "messages", (json_t *)messages);
+    json_object_set_new(req, "kwargs", kwargs ? json_deep_copy(kwargs) : json_object());
+    json_t *resp;
+    char why[1024];
+    const int rc = roundtrip(p, slot, req, &resp, why, sizeof why);
+    json_decref(req);
+    give_back(p, slot);
+    char *text = NULL;
+    if (rc == RT_OK && json_is_true(json_object_get(resp, "ok"))) {
+        text = xstrdup(json_string_value(json_object_get(resp, "text")) ?: "");
+        *terminate = json_is_true(json_object_get(resp, "terminate"));
+        const json_t *r = json_object_get(resp, "reward");
+        *scored = json_is_number(r);
+        *reward = *scored ? json_number_value(r) : 0;
+    } else {
+        answer = error_answer(p, rc, resp, why);
+        error_set(err, errlen, "generate_response: %s", answer + strlen("Error: "));
+        free(answer);
+    }
+    json_decref(resp);
+    return text;
+}
+
+void pyinteraction_finalize(struct pyinteraction *pi, const char *instance_id)
+{
+    char label[256];
+    snprintf(label, sizeof label, "interaction %s: finalize_interaction", pi->name);
+    release_instance(pi->pool, pi->name, instance_id, label);
+}
+
+void pyinteraction_free(struct pyinteraction *pi)
+{
+    if (!pi)
+        return;
+    pool_free(pi->pool);
+    free(pi);
 }

@@ -9,15 +9,21 @@
 # Protocol (one JSON object a line):
 #   C -> helper, first:  {"kind": "class", "class": "pkg.mod.Cls", "config": {..}, "schema": {..}, "dir": D}
 #                     or {"kind": "functions", "path": FILE, "dir": D}
+#                     or {"kind": "interaction", "class": "pkg.mod.Cls", "config": {..}, "dir": D} (a verl
+#                        BaseInteraction: multi_turn.interaction_config_path; worker/agent/interaction.c)
 #   helper -> C:         {"ready": true, "tools": [{"name": N, "schema": {..}}], "verl": "installed" | "shim"}
 #                     or {"ready": false, "error": "why"}
 #   C -> helper, a call: {"op": "create" | "execute" | "calc_reward" | "release" | "call", "tool": N,
 #                         "instance": ID | null, "kwargs": {..}, "args": {..}}
 #   helper -> C:         {"ok": true, "text": T, "reward": R}  or  {"ok": false, "error": "Type: message"}
+#   an interaction's:    "create" is start_interaction(ID, **kwargs), "release" finalize_interaction(ID) where it
+#                        takes an id, and {"op": "respond", "instance": ID, "messages": [..], "kwargs": {..}} is
+#                        generate_response(ID, messages, **kwargs), answered {"ok": true, "text": T, "reward": R,
+#                        "terminate": B}
 #
 # `import verl` is tried first; where it fails, minimal stand-ins of verl.tools.base_tool, verl.tools.schemas,
-# verl.tools.function_tool and verl.utils.rollout_trace are installed under those names, so that a tool file
-# written for verl imports unchanged.
+# verl.tools.function_tool, verl.utils.rollout_trace and verl.interactions.base are installed under those names, so
+# that a tool or interaction file written for verl imports unchanged.
 import asyncio
 import importlib
 import importlib.util
@@ -402,6 +408,33 @@ def _build_function_tool_module(schemas):
     return m
 
 
+def _build_interaction_base_module():
+    m = types.ModuleType("verl.interactions.base")
+
+    class BaseInteraction:
+        """verl's simulated user: an instance per trajectory, a response (and a score) after each model turn."""
+
+        def __init__(self, config):
+            self.config = config
+            self.name = config.get("name", "interaction_agent")
+
+        async def start_interaction(self, instance_id=None, **kwargs):
+            return instance_id if instance_id is not None else str(uuid.uuid4())
+
+        async def generate_response(self, instance_id, messages, **kwargs):
+            return False, "Your current result seems acceptable.", 0.8, {}
+
+        async def calculate_score(self):
+            return 0.0
+
+        async def finalize_interaction(self):
+            return None
+
+    BaseInteraction.__module__ = m.__name__
+    m.BaseInteraction = BaseInteraction
+    return m
+
+
 def install_verl_shims():
     """verl's own modules where `import verl` works; else the stand-ins. 'installed' or 'shim'."""
     try:
@@ -420,14 +453,16 @@ def install_verl_shims():
         return mod
 
     verl, tools, utils = package("verl"), package("verl.tools"), package("verl.utils")
-    verl.tools, verl.utils = tools, utils
+    interactions = package("verl.interactions")
+    verl.tools, verl.utils, verl.interactions = tools, utils, interactions
     schemas = _build_schemas_module()
     base_tool = _build_base_tool_module(schemas)
     function_tool = _build_function_tool_module(schemas)
     trace = types.ModuleType("verl.utils.rollout_trace")
     trace.rollout_trace_op = lambda fn: fn
     for mod, parent, attr in ((schemas, tools, "schemas"), (base_tool, tools, "base_tool"),
-                              (function_tool, tools, "function_tool"), (trace, utils, "rollout_trace")):
+                              (function_tool, tools, "function_tool"), (trace, utils, "rollout_trace"),
+                              (_build_interaction_base_module(), interactions, "base")):
         sys.modules[mod.__name__] = mod
         setattr(parent, attr, mod)
     return "shim"
@@ -481,6 +516,8 @@ class Helper:
         self.obj, self.functions, self.tools = None, {}, []
         if self.kind == "class":
             self.load_class(spec)
+        elif self.kind == "interaction":
+            self.load_interaction(spec)
         else:
             self.load_functions(spec["path"])
 
@@ -505,6 +542,53 @@ class Helper:
         for method in ("execute",):
             if not callable(getattr(self.obj, method, None)):
                 raise TypeError("'%s' has no %s method (verl's BaseTool interface)" % (path, method))
+
+    def load_interaction(self, spec):
+        """verl's interaction registry builds cls(config) with the config's name in it."""
+        path = spec["class"]
+        mod_name, _, cls_name = path.rpartition(".")
+        if not mod_name or not cls_name:
+            raise ImportError("'%s' is not a class path (package.module.Class)" % path)
+        mod = importlib.import_module(mod_name)
+        cls = getattr(mod, cls_name, None)
+        if cls is None:
+            raise ImportError("module '%s' (%s) has no attribute '%s'" % (mod_name, getattr(mod, "__file__", "?"),
+                                                                        cls_name))
+        if not callable(cls):
+            raise TypeError("'%s' is not a class" % path)
+        self.obj = cls(dict(spec.get("config") or {}))
+        if not callable(getattr(self.obj, "generate_response", None)):
+            raise TypeError("'%s' has no generate_response method (verl's BaseInteraction interface)" % path)
+
+    def interaction(self, op, inst, req):
+        if op == "create":
+            fn = getattr(self.obj, "start_interaction", None)
+            ret = self.run(fn(inst, **(req.get("kwargs") or {}))) if callable(fn) else inst
+            self.instances[inst] = ret if isinstance(ret, str) else inst
+            return {}
+        if op == "respond":
+            if inst not in self.instances:
+                self.interaction("create", inst, req)
+            ret = self.run(self.obj.generate_response(self.instances[inst], req.get("messages") or [],
+                                                      **(req.get("kwargs") or {})))
+            if not isinstance(ret, tuple) or len(ret) < 2:
+                raise TypeError("generate_response returned %s; expected (should_terminate_sequence, response, "
+                                "score, metrics)" % type(ret).__name__)
+            score = ret[2] if len(ret) > 2 else None
+            return {"terminate": bool(ret[0]), "text": response_text(ret[1]),
+                    "reward": None if score is None else float(score)}
+        if op == "release":
+            tid = self.instances.pop(inst, None)
+            fn = getattr(self.obj, "finalize_interaction", None)
+            if tid is not None and callable(fn):
+                try:  # verl's base takes no id; its GSM8K interaction takes the instance's
+                    takes_id = any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+                                   for p in inspect.signature(fn).parameters.values())
+                except (TypeError, ValueError):
+                    takes_id = False
+                self.run(fn(tid) if takes_id else fn())
+            return {}
+        raise ValueError("unknown request %r for an interaction" % op)
 
     def load_functions(self, path):
         ft = importlib.import_module("verl.tools.function_tool")
@@ -539,6 +623,8 @@ class Helper:
 
     def handle(self, req):
         op, inst = req.get("op"), req.get("instance")
+        if self.kind == "interaction":
+            return self.interaction(op, inst, req)
         if self.kind == "functions":
             if op in ("execute", "call"):
                 tool = self.functions.get(req.get("tool"))

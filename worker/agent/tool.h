@@ -14,6 +14,7 @@
 
 #include <jansson.h>
 #include <yaml.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "worker/agent/sandbox.h"
@@ -100,6 +101,11 @@ void tool_release(struct tool *t, const char *instance_id);
 /* Parse the YAML file at path into doc (delete it with yaml_document_delete). 0, or -1 with err naming
  * FILE:LINE of a syntax error, or the file's open error. */
 int agent_yaml_load(const char *path, yaml_document_t *doc, char *err, size_t errlen);
+/* A YAML node of doc as JSON (YAML 1.1's plain scalars typed: null, booleans, numbers), or NULL (too deep). */
+json_t *agent_yaml_json(yaml_document_t *doc, const yaml_node_t *n);
+/* The directory of the YAML file at path into out (the modules of its classes may sit beside it; "." for a bare
+ * name). */
+void agent_dir_of(const char *path, char *out, size_t len);
 
 /* ---- built-in tools ---- */
 
@@ -135,6 +141,24 @@ struct tool *pytool_class_new(const char *class_path, json_t *config, json_t *sc
  * (malloc'd array) and *n. 0, or -1 with err (the file cannot be loaded, a schema cannot be derived). */
 int pytool_load_function_file(const char *py_path, const struct pytool_options *o, struct tool ***tools, size_t *n,
                               char *err, size_t errlen);
+
+/* ---- Python interactions (worker/agent/pytool.c; verl's BaseInteraction, for worker/agent/interaction.c) ---- */
+
+/* The class class_path built in each helper as cls(config) (config: a JSON object or NULL; its "name" is the
+ * interaction's where it names none, as verl's registry does). NULL with err (Python's reason). */
+struct pyinteraction *pyinteraction_new(const char *name, const char *class_path, json_t *config,
+                                        const struct pytool_options *o, char *err, size_t errlen);
+/* The response to a trajectory's conversation (messages, verl's list of {role, content}) after a model turn:
+ * generate_response(instance_id, messages, **kwargs), the instance started first on its first turn
+ * (start_interaction(instance_id, **kwargs); again, with a warning, when its process was replaced). The text
+ * (malloc'd); *terminate when the interaction ends the trajectory, *reward the turn's score where it gave one
+ * (*scored). NULL with err (the Python exception, a timeout, a process that died). */
+char *pyinteraction_respond(struct pyinteraction *pi, const char *instance_id, const json_t *kwargs,
+                            const json_t *messages, int *terminate, double *reward, bool *scored, char *err,
+                            size_t errlen);
+/* The trajectory is over: finalize_interaction (with the instance's id where the method takes one). */
+void pyinteraction_finalize(struct pyinteraction *pi, const char *instance_id);
+void pyinteraction_free(struct pyinteraction *pi);
 
 /* ---- the SandboxFusion client (worker/agent/sandbox_fusion.c) ---- */
 

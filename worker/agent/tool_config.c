@@ -120,6 +120,8 @@ static json_t *node_json(yaml_document_t *doc, const yaml_node_t *n, int depth)
     return o;
 }
 
+json_t *agent_yaml_json(yaml_document_t *doc, const yaml_node_t *n) { return node_json(doc, n, 0); }
+
 /* the node at a dotted path under n, or the deepest one on the way */
 static const yaml_node_t *node_at(yaml_document_t *doc, const yaml_node_t *n, const char *path)
 {
@@ -354,8 +356,7 @@ static int class_path(const char *s)
     return !start && parts >= 2;
 }
 
-/* the directory of the YAML file (its classes' modules may sit beside it) */
-static void dir_of(const char *path, char *out, size_t len)
+void agent_dir_of(const char *path, char *out, size_t len)
 {
     char *abs = realpath(path, NULL);
     snprintf(out, len, "%s", abs ? abs : path);
@@ -413,7 +414,7 @@ static int load_tool(struct ycfg *y, struct tool_set *s, const yaml_node_t *item
     sandbox_limits_default(&c.lim);
     sandbox_fusion_config_default(&c.sf);
     pytool_options_default(&c.py);
-    dir_of(y->path, c.py.dir, sizeof c.py.dir);
+    agent_dir_of(y->path, c.py.dir, sizeof c.py.dir);
     if (read_config(y, cls, cfgn, kind, &c) != 0) {
         json_decref(schema);
         return -1;
