@@ -1188,8 +1188,47 @@ static int validate_schedule(const struct grpo_config *c, struct cfg_error *err)
     return 0;
 }
 
+/* The rollout's expert parallelism: verl's rule (EP = TP x DP), one engine's TP group (DP 1), no batch-invariant
+ * groups. */
+static int validate_rollout_ep(const struct grpo_config *c, struct cfg_error *err)
+{
+    const long long ep = c->rollout_expert_parallel_size, tp = c->rollout_tensor_model_parallel_size,
+                    dp = c->rollout_data_parallel_size;
+    if (ep <= 1)
+        return 0;
+    const bool dp_given = config_given(c, KEY_rollout_data_parallel_size);
+    if ((dp_given && ep != tp * dp) || ep % tp != 0) {
+        errf(err,
+             "%s: " KEY_rollout_expert_parallel_size " %lld must equal " KEY_rollout_tensor_model_parallel_size
+             " x " KEY_rollout_data_parallel_size " (%lld x %lld), as verl requires",
+             origin_of(c, KEY_rollout_expert_parallel_size), ep, tp, dp);
+        return -1;
+    }
+    if (ep > tp) { /* over EP / TP engines, each a TP group */
+        errf(err,
+             "%s: " KEY_rollout_expert_parallel_size
+             " %lld over %lld engines of " KEY_rollout_tensor_model_parallel_size
+             " %lld: experts shared between engines (not available yet: the experts are held whole over one engine's "
+             "TP group, " KEY_rollout_expert_parallel_size " = " KEY_rollout_tensor_model_parallel_size ")",
+             origin_of(c, KEY_rollout_expert_parallel_size), ep, ep / tp, tp);
+        return -1;
+    }
+    if (c->arr_model_batch_invariant) {
+        errf(err,
+             "%s: " KEY_rollout_expert_parallel_size " with " KEY_arr_model_batch_invariant
+             "=true (not available yet: the batch-invariant groups split each expert's rows)",
+             origin_of(c, KEY_rollout_expert_parallel_size));
+        return -1;
+    }
+    return 0;
+}
+
+bool config_rollout_experts_over_tp(const struct grpo_config *c) { return c->rollout_expert_parallel_size > 1; }
+
 int config_validate(const struct grpo_config *c, struct cfg_error *err)
 {
+    if (validate_rollout_ep(c, err) != 0)
+        return -1;
     if (validate_schedule(c, err) != 0)
         return -1;
     if (validate_async(c, err) != 0)

@@ -66,6 +66,9 @@ int config_gen_batch_size(const struct grpo_config *c);
 /* Generation records a mixture of experts' routing and sends it with the sequences (rollout
  * enable_rollout_routing_replay, or actor router_replay.mode R3, which needs it). */
 bool config_records_routes(const struct grpo_config *c);
+/* actor_rollout_ref.rollout.expert_parallel_size > 1: generation holds the experts whole over each engine's TP
+ * group (struct model_layout's experts_over_tp) */
+bool config_rollout_experts_over_tp(const struct grpo_config *c);
 /* Generation rounds per step: 1 without algorithm.filter_groups.enable, else max_num_gen_batches (0: 1000). */
 int config_filter_rounds(const struct grpo_config *c);
 

@@ -18,6 +18,9 @@
 #    rank): TP2 (2 ranks; Qwen3-MoE and Mixtral, and Qwen3-MoE generating with the TP-split model as a rollout TP
 #    group), TP2 x PP2 and EP2 x TP2 (4 ranks) colocated, and split runs of 2 TP2 and of 4 EP2 x TP2 trainer
 #    ranks, match one process, with the load-balancing loss on; the TP bytes equal the planner's;
+#  - expert parallelism in generation (rollout.expert_parallel_size = rollout TP: each expert whole on one rank of
+#    the engine's TP group): colocated DP2 and TP2 (Qwen3-MoE, Mixtral) and a split run of a rollout TP group of 2
+#    match one process;
 #  - ZeRO-1 (use_distributed_optimizer) with EP: EP2 over 2 DP ranks (the dense parameters' optimizer state halved
 #    over DP, each rank its experts' whole) and EP2 x DP2 (the experts' state halved too, over the 2 ranks holding the
 #    same experts) give the same; EP2 x DP2's step-1 checkpoint (its moments gathered whole) resumes in one process,
@@ -103,7 +106,9 @@ done
 # tensor parallelism with experts: TP2, and EP2 x TP2 (the EP groups of each TP rank dispatching among themselves)
 TP=actor_rollout_ref.actor.megatron.tensor_model_parallel_size
 RTP=actor_rollout_ref.rollout.tensor_model_parallel_size
+REP=actor_rollout_ref.rollout.expert_parallel_size
 for layout in "tp2 qwen3_moe 2 $TP=2" "tp2 mixtral 2 $TP=2" "tp2rtp2 qwen3_moe 2 $TP=2 $RTP=2" \
+    "rep2 qwen3_moe 2 $RTP=2 $REP=2" "tp2rep2 mixtral 2 $TP=2 $RTP=2 $REP=2" \
     "tp2pp2 qwen3_moe 4 $TP=2 actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2" \
     "ep2tp2 qwen3_moe 4 $EP=2 $TP=2"; do
     set -- $layout
@@ -122,6 +127,17 @@ expect "tp2: the trainer ranks hold TP shards" $?
 grep -q "weights resharded into the generation layout" "$TMP/tp2-qwen3_moe.log" &&
     ! grep -q "weights resharded into the generation layout" "$TMP/tp2rtp2-qwen3_moe.log"
 expect "tp2rtp2: the TP-split policy generates itself (no resharding), tp2 reshards to whole copies" $?
+grep -q "engine TP rank 1 of 2 generates with experts 2..3 of 4 whole" "$TMP/rep2-qwen3_moe.log" &&
+    grep -q "engine TP rank 1 of 2 generates with experts 2..3 of 4 whole" "$TMP/tp2rep2-mixtral.log"
+expect "rep2, tp2rep2: generation's experts held whole over the engine's TP group (rollout.expert_parallel_size)" $?
+# shellcheck disable=SC2046
+"${MPIRUN[@]}" -np 3 "$WORKER" $(common qwen3_moe) $AUX trainer.default_local_dir="$TMP/split-rep2" $RTP=2 $REP=2 \
+    placement.trainer_ranks=1 placement.rollout_ranks=2 >"$TMP/split-rep2.log" 2>&1
+expect "split-rep2: a trainer rank and a rollout TP group of 2 holding the experts whole finish" $?
+out=$(same_metrics one-qwen3_moe split-rep2 2>&1) && out="$out; $(same_weights one-qwen3_moe split-rep2)"
+expect "split-rep2: losses, grad norms and weights match one process ($out)" $?
+grep -q "TP rank 1 of 2 generates with experts 2..3 of 4 whole" "$TMP/split-rep2.log"
+expect "split-rep2: the rollout TP rank 1 holds experts 2 and 3 whole" $?
 grep -q "EP rank 1 of 2: experts 2..3 of 4 (TP rank 1 of 2: their rows 16..31)" "$TMP/ep2tp2-qwen3_moe.log"
 expect "ep2tp2: EP rank 1, TP rank 1 holds rows 16..31 of experts 2 and 3" $?
 # shellcheck disable=SC2046

@@ -329,7 +329,8 @@ static void check_config(const char *name, const struct model_config *c, struct 
                                          g_mp,
                                          0,
                                          1,
-                                         NULL};
+                                         NULL,
+                                         false};
         part = model_create_shard(c, &lay);
         model_shard_slice(part, whole->w.mem, part->w.mem);
     } else {

@@ -73,7 +73,7 @@ static void check_config(const char *name, const struct model_config *c, const s
     }
     struct model *whole = model_create(c);
     model_init_random(whole, 7, 0.2);
-    const struct model_layout lay = {r, T, g->at.pp_rank, P, tp, g->pp, mp, 0, 1, NULL};
+    const struct model_layout lay = {r, T, g->at.pp_rank, P, tp, g->pp, mp, 0, 1, NULL, false};
     struct model *part = model_create_shard(c, &lay);
     whole->moe_aux_coef = part->moe_aux_coef = aux_coef;
     model_shard_slice(part, whole->w.mem, part->w.mem);
@@ -177,12 +177,59 @@ static void check_config(const char *name, const struct model_config *c, const s
         log_info("test", "%s: TP %d x PP %d checked", name, T, P);
 }
 
+/* Generation with the experts held whole over the TP group (verl's rollout.expert_parallel_size = TP): TP rank r holds
+ * experts [r E / T, (r + 1) E / T) unsplit; its slice of the whole weights assembles back bit for bit, and its prefill
+ * and decode logits are the whole model's. */
+static void check_experts_over_tp(const char *name, const struct model_config *c, const struct parallel_groups *g)
+{
+    const int T = g->at.tp_size;
+    struct model *whole = model_create(c);
+    model_init_random(whole, 11, 0.3);
+    const struct model_layout lay = {g->at.tp_rank, T, 0, 1, g->tp, NULL, g->tp, 0, 1, NULL, true};
+    struct model *part = model_create_shard(c, &lay);
+    if (part->sh.n_experts != c->n_experts / T || part->sh.expert_lo != g->at.tp_rank * c->n_experts / T ||
+        part->sh.moe_inter != c->moe_intermediate) {
+        g_bad++;
+        log_error("test", "%s: TP rank %d holds experts [%d, +%d) of %d rows", name, g->at.tp_rank, part->sh.expert_lo,
+                  part->sh.n_experts, part->sh.moe_inter);
+    }
+    model_shard_slice(part, whole->w.mem, part->w.mem);
+    float *back = xmalloc(whole->w.n_floats * sizeof(float));
+    model_shard_assemble(part, part->w.mem, back);
+    if (memcmp(back, whole->w.mem, whole->w.n_floats * sizeof(float)) != 0) {
+        g_bad++;
+        log_error("test", "%s: slice + assemble does not give the whole weights back", name);
+    }
+    free(back);
+    const int V = c->vocab_size;
+    int32_t ids[10], tg[2] = {3, 17};
+    for (int i = 0; i < 10; i++)
+        ids[i] = (int32_t)((i * 37 + 11) % V);
+    struct kv_cache *kw[2] = {kv_cache_create(whole, 16), kv_cache_create(whole, 16)};
+    struct kv_cache *kp[2] = {kv_cache_create(part, 16), kv_cache_create(part, 16)};
+    int ntok[2] = {4, 6}, one[2] = {1, 1};
+    float *gw = xmalloc((size_t)10 * V * sizeof(float)), *gp = xmalloc((size_t)10 * V * sizeof(float));
+    model_step(whole, kw, 2, ntok, ids, gw, true);
+    model_step(part, kp, 2, ntok, ids, gp, true);
+    expect_close(name, "prefill logits", gp, gw, (size_t)10 * V, 1e-5);
+    model_step(whole, kw, 2, one, tg, gw, false);
+    model_step(part, kp, 2, one, tg, gp, false);
+    expect_close(name, "decode logits", gp, gw, (size_t)2 * V, 1e-5);
+    for (int i = 0; i < 2; i++)
+        kv_cache_free(kw[i]), kv_cache_free(kp[i]);
+    free(gw), free(gp);
+    model_free(whole);
+    model_free(part);
+    if (g->at.tp_rank == 0)
+        log_info("test", "%s: experts whole over TP %d checked", name, T);
+}
+
 /* LoRA (rank 3, alpha 6, on targets) on shards of c against the whole model's adapter. */
 static void check_lora(const char *name, const struct model_config *c, const struct parallel_groups *g, struct comm *mp,
                        unsigned targets)
 {
     const int T = g->at.tp_size, P = g->at.pp_size;
-    const struct model_layout lay = {g->at.tp_rank, T, g->at.pp_rank, P, g->tp, g->pp, mp, 0, 1, NULL};
+    const struct model_layout lay = {g->at.tp_rank, T, g->at.pp_rank, P, g->tp, g->pp, mp, 0, 1, NULL, false};
     const struct lora_config lc = {.rank = 3, .alpha = 6, .targets = targets};
     char err[512];
     struct model *whole = model_create(c), *part = model_create_shard(c, &lay);
@@ -360,8 +407,12 @@ int main(int argc, char **argv)
     check_lora("llama-lora-all-linear", &llama, &g, w, LORA_ALL_LINEAR);
     check_lora("qwen2-lora-all-linear", &qwen, &g, w, LORA_ALL_LINEAR);
     check_lora("qwen3-moe-lora-attention", &qwen3moe, &g, w, attn);
+    if (T > 1 && P == 1) { /* generation's experts held whole over the TP group */
+        check_experts_over_tp("qwen3-moe-experts-over-tp", &qwen3moe, &g);
+        check_experts_over_tp("mixtral-experts-over-tp", &mixtral, &g);
+    }
     if (T * P > 1) { /* the experts' adapters under TP or PP: refused naming the way out */
-        const struct model_layout lay = {g.at.tp_rank, T, g.at.pp_rank, P, g.tp, g.pp, w, 0, 1, NULL};
+        const struct model_layout lay = {g.at.tp_rank, T, g.at.pp_rank, P, g.tp, g.pp, w, 0, 1, NULL, false};
         struct model *m = model_create_shard(&qwen3moe, &lay);
         const struct lora_config all = {.rank = 2, .alpha = 4, .targets = LORA_ALL_LINEAR, .router = true};
         char why[512] = "";

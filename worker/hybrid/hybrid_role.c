@@ -93,15 +93,24 @@ static int gen_model_setup(struct colocated *c, char *err, size_t errlen)
     const struct role_env *env = c->env;
     const int rtp = env->spec.rollout_tp > 1 ? env->spec.rollout_tp : 1;
     const struct model *p = trainer_policy(c->t);
-    /* expert parallelism: each rank holds some experts, but generates its own sequences with all of them */
-    const bool same = env->at.pp_size == 1 && env->at.tp_size == rtp && env->at.ep_size <= 1;
+    /* expert parallelism: each rank holds some experts, but generates its own sequences with all of them; the
+     * rollout's (experts held whole over its TP group) is a layout of its own */
+    const bool over_tp = config_rollout_experts_over_tp(env->cfg);
+    const bool same = env->at.pp_size == 1 && env->at.tp_size == rtp && env->at.ep_size <= 1 && !over_tp;
     if (same)
         return 0;
     if (rtp > 1 &&
         model_shard_check(&p->cfg, rtp, "actor_rollout_ref.rollout.tensor_model_parallel_size", err, errlen) != 0)
         return -1;
-    const struct model_layout lay = {
-        .tp_rank = env->at.engine_tp, .tp_size = rtp, .pp_rank = 0, .pp_size = 1, .tp = c->engine, .mp = c->engine};
+    if (over_tp && model_ep_check(&p->cfg, rtp, 1, 1, KEY_rollout_expert_parallel_size, err, errlen) != 0)
+        return -1;
+    const struct model_layout lay = {.tp_rank = env->at.engine_tp,
+                                     .tp_size = rtp,
+                                     .pp_rank = 0,
+                                     .pp_size = 1,
+                                     .tp = c->engine,
+                                     .mp = c->engine,
+                                     .experts_over_tp = over_tp};
     struct model *g = rtp > 1 ? model_create_shard(&p->cfg, &lay) : model_create(&p->cfg);
     model_move(&g, p->K);
     if (c->engine && p->K->device != KDEV_CPU) { /* the engine's TP collectives over NCCL, in device memory */
@@ -121,6 +130,9 @@ static int gen_model_setup(struct colocated *c, char *err, size_t errlen)
         model_set_groups(g, c->engine_dev, NULL, c->engine_dev);
     }
     c->gen = g;
+    if (over_tp)
+        log_info("hybrid", "engine TP rank %d of %d generates with experts %d..%d of %d whole (expert parallelism)",
+                 env->at.engine_tp, rtp, g->sh.expert_lo, g->sh.expert_lo + g->sh.n_experts - 1, p->cfg.n_experts);
     c->whole = xmalloc(model_whole_floats(&p->cfg) * sizeof(float));
     return 0;
 }

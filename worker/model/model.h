@@ -121,6 +121,11 @@ struct model_shard {
     /* under TP each expert is split like the dense MLP (Megatron's expert TP = TP): this rank holds intermediate
      * rows [moe_inter_lo, moe_inter_lo + moe_inter) of every expert's gate and up, the same columns of its down */
     int moe_inter, moe_inter_lo;
+    /* generation with the experts held whole over the TP group (model_layout's experts_over_tp; vLLM's expert
+     * parallelism inside one engine, verl's rollout.expert_parallel_size): TP rank r holds experts [expert_lo,
+     * expert_lo + n_experts) = [r E / T, (r + 1) E / T), each unsplit (moe_inter the whole intermediate); every TP
+     * rank holds every token, runs its experts on those routed to them, and the TP group sums the parts */
+    bool experts_over_tp;
     struct comm *ep; /* NULL when ep_size is 1 */
     /* context parallelism (model_set_cp): sp is then a ring-attention group; this rank runs the load-balanced
      * chunks r and 2 sp_size - 1 - r of each batch's row (ring_attn_row) and attends over the ring, every head */
@@ -134,6 +139,8 @@ struct model_layout {
     struct comm *tp, *pp, *mp;
     int ep_rank, ep_size; /* 0 and 0 or 1: no expert parallelism */
     struct comm *ep;
+    bool experts_over_tp; /* a mixture of experts' experts held whole over the TP group (model_shard's); generation
+                             only */
 };
 
 struct kctx;

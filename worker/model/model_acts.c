@@ -55,6 +55,7 @@ void model_work_free(struct model *m)
         acts_destroy(A);
     }
     model_step_graphs_free(m); /* before the arena they read */
+    model_moe_state_free(w->moe_tp);
     karena_release(&w->bwd);
     karena_release(&w->step);
     karena_release(&w->sp);

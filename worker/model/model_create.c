@@ -68,7 +68,7 @@ struct model *model_create_shard(const struct model_config *c, const struct mode
 
 struct model *model_create_on(const struct model_config *c, const struct model_layout *lay, struct kctx *K)
 {
-    const struct model_layout whole = {0, 1, 0, 1, NULL, NULL, NULL, 0, 1, NULL};
+    const struct model_layout whole = {0, 1, 0, 1, NULL, NULL, NULL, 0, 1, NULL, false};
     const struct model_layout *L = lay ? lay : &whole;
     const int ep = L->ep_size > 1 ? L->ep_size : 1;
     char why[256];
@@ -94,8 +94,16 @@ struct model *model_create_on(const struct model_config *c, const struct model_l
         /* the model copy: the EP group, or with TP or PP the EP x TP ranks of every stage (L->mp) */
         m->sh.mp = L->tp_size > 1 || L->pp_size > 1 ? L->mp : L->ep;
     }
+    if (L->experts_over_tp) { /* generation's experts held whole over the TP group */
+        if (!c->n_experts || L->tp_size < 2 || ep > 1 || L->pp_size > 1 || c->n_experts % L->tp_size)
+            check_failf(__FILE__, __LINE__,
+                        "model_create_shard: experts held whole over TP %d need a mixture of experts whose %d experts "
+                        "that size divides, no EP group and no pipeline",
+                        L->tp_size, c->n_experts);
+        model_shard_set_experts_over_tp(&m->sh, c);
+    }
     m->K = K ? K : kctx_cpu();
-    if (ep > 1 && !k_has_moe_ep(m->K))
+    if ((ep > 1 || L->experts_over_tp) && !k_has_moe_ep(m->K))
         check_failf(__FILE__, __LINE__,
                     "model_create: expert parallelism: the %s back-end has no row moves for its dispatch and combine",
                     m->K->ops->name);
@@ -119,8 +127,9 @@ struct model *model_create(const struct model_config *c) { return model_create_s
 
 struct model *model_clone(const struct model *m)
 {
-    const struct model_layout lay = {m->sh.tp_rank, m->sh.tp_size, m->sh.pp_rank, m->sh.pp_size, m->sh.tp,
-                                     m->sh.pp,      m->sh.mp,      m->sh.ep_rank, m->sh.ep_size, m->sh.ep};
+    const struct model_layout lay = {
+        m->sh.tp_rank, m->sh.tp_size, m->sh.pp_rank, m->sh.pp_size,        m->sh.tp, m->sh.pp, m->sh.mp,
+        m->sh.ep_rank, m->sh.ep_size, m->sh.ep,      m->sh.experts_over_tp};
     struct model *r = model_create_on(&m->cfg, &lay, m->K);
     k_copy(m->K, r->w.mem, m->w.mem, m->w.n_floats * sizeof(float));
     r->moe_aux_coef = m->moe_aux_coef, r->moe_aux_scale = m->moe_aux_scale;
@@ -147,8 +156,9 @@ static void copy_between(struct kctx *to, void *dst, struct kctx *from, const vo
 
 struct model *model_copy_to(const struct model *m, struct kctx *K)
 {
-    const struct model_layout lay = {m->sh.tp_rank, m->sh.tp_size, m->sh.pp_rank, m->sh.pp_size, m->sh.tp,
-                                     m->sh.pp,      m->sh.mp,      m->sh.ep_rank, m->sh.ep_size, m->sh.ep};
+    const struct model_layout lay = {
+        m->sh.tp_rank, m->sh.tp_size, m->sh.pp_rank, m->sh.pp_size,        m->sh.tp, m->sh.pp, m->sh.mp,
+        m->sh.ep_rank, m->sh.ep_size, m->sh.ep,      m->sh.experts_over_tp};
     struct model *r = model_create_on(&m->cfg, &lay, K);
     copy_between(r->K, r->w.mem, m->K, m->w.mem, m->w.n_floats * sizeof(float));
     r->moe_aux_coef = m->moe_aux_coef, r->moe_aux_scale = m->moe_aux_scale;

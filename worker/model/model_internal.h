@@ -10,6 +10,8 @@
 struct model_shard model_shard_of(const struct model_config *c, int r, int tp, int s, int pp);
 /* Shard sh (whole layers) as EP rank r of ep: its experts. */
 void model_shard_set_ep(struct model_shard *sh, const struct model_config *c, int r, int ep);
+/* Shard sh (TP rank of tp_size) with its experts held whole over the TP group: E / TP of them, unsplit. */
+void model_shard_set_experts_over_tp(struct model_shard *sh, const struct model_config *c);
 /* The shard of rank r of m's model-copy group (mp): TP rank r % TP, EP rank (r / TP) % EP of stage r / (TP x EP). */
 struct model_shard model_shard_of_mp(const struct model *m, int r);
 /* model_param_refs of shard sh laid out over mem (NULL: only count; mem holds the shard's n_floats). */
@@ -83,6 +85,7 @@ struct model_work {
     struct step_graph warm;     /* the last eager decode step's shape (its g NULL): the next of that shape records */
     unsigned long long decodes; /* decode steps taken */
     unsigned told;              /* the reasons for eager decode steps logged already (one bit each) */
+    struct moe_ep *moe_tp;      /* experts held whole over TP: the decode step's local run (model_moe_generate) */
 };
 
 /* m's work, made on first use (model_acts.c), and freed with everything it holds. */

@@ -114,9 +114,23 @@ static void moe_group_routing(const struct model *m, const struct kmoe *r, doubl
         comm_allreduce_sum(m->sh.sp, g, 2 * (size_t)E + 3, COMM_F64);
 }
 
+void model_moe_generate(struct model *m, const float *const W[3], struct kmoe *r, const float *x, float *out)
+{
+    if (!m->sh.experts_over_tp) {
+        k_moe_experts_forward(m->K, out, x, W[0], W[1], W[2], r);
+        return;
+    }
+    struct model_work *w = model_work_of(m);
+    if (!w->moe_tp)
+        w->moe_tp = moe_ep_create();
+    moe_tp_forward(w->moe_tp, m, W, r, x, out);
+}
+
 void model_moe_forward(const struct model *m, int l, const struct packed_batch *b, struct moe_acts *s, const float *x,
                        float *out)
 {
+    if (m->sh.experts_over_tp)
+        check_failf(__FILE__, __LINE__, "experts held whole over TP generate only (model_step); this model trains");
     const struct model_config *c = &m->cfg;
     const struct layer_params *L = &m->w.layers[l];
     struct kctx *K = m->K;

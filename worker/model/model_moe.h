@@ -40,6 +40,10 @@ void model_moe_forward(const struct model *m, int l, const struct packed_batch *
  * them; Nf the whole batch's rows (sequence parallelism). */
 void model_moe_backward(struct model *m, int l, int Nf, const struct moe_acts *s, const float *x, const float *dy,
                         float *dx, const struct moe_grads *d);
+/* A generation step's expert block (worker/model/model_step.c), r routed: out (N, D) the sum over each token's
+ * experts of its weight x expert(x), this rank's part under TP (its rows of every expert, or with the experts held
+ * whole over TP its experts'). */
+void model_moe_generate(struct model *m, const float *const W[3], struct kmoe *r, const float *x, float *out);
 /* A layer's routing, counted for model_moe_stats: its tokens per expert and its load-balancing loss over the whole
  * micro-batch (summed over a sequence- or context-parallel group). */
 void model_moe_count(struct model *m, int l, const struct kmoe *r);

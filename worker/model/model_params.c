@@ -104,6 +104,15 @@ void model_shard_set_ep(struct model_shard *sh, const struct model_config *c, in
     sh->expert_lo = r * sh->n_experts;
 }
 
+void model_shard_set_experts_over_tp(struct model_shard *sh, const struct model_config *c)
+{
+    sh->experts_over_tp = true;
+    sh->n_experts = c->n_experts / sh->tp_size;
+    sh->expert_lo = sh->tp_rank * sh->n_experts;
+    sh->moe_inter = c->moe_intermediate;
+    sh->moe_inter_lo = 0;
+}
+
 struct model_shard model_shard_of_mp(const struct model *m, int r)
 {
     const struct model_shard *sh = &m->sh;
@@ -111,6 +120,8 @@ struct model_shard model_shard_of_mp(const struct model *m, int r)
     struct model_shard s = model_shard_of(&m->cfg, r % T, T, r / (T * E), sh->pp_size);
     if (E > 1)
         model_shard_set_ep(&s, &m->cfg, (r / T) % E, E);
+    if (sh->experts_over_tp)
+        model_shard_set_experts_over_tp(&s, &m->cfg);
     return s;
 }
 

@@ -18,6 +18,7 @@
 #include "kernels/kernels.h"
 #include "model.h"
 #include "model_internal.h"
+#include "model_moe.h"
 #include "worker/comm/comm.h"
 
 struct kv_slab {
@@ -351,8 +352,9 @@ static void step_layers(struct model *m, struct kv_cache **caches, int B, const 
             const bool merged = model_expert_weights(m, l, W); /* batch-invariant mode: the hook's terms in W */
             t->moe.lora = merged ? NULL : model_expert_terms(m, l, (size_t)N * c->n_experts_per_tok);
             t->moe.bi_groups = model_bi_expert_groups(m);
-            k_moe_experts_forward(K, t->tmp, t->xn, W[0], W[1], W[2], &t->moe);
-            model_tp_sum_rowpar(m, t->tmp, nD); /* under TP each rank's rows of every expert gave a part */
+            model_moe_generate(m, W, &t->moe, t->xn, t->tmp);
+            model_tp_sum_rowpar(m, t->tmp, nD); /* under TP each rank's rows of every expert (or its experts) gave a
+                                                 * part */
             k_add(K, t->x, t->tmp, nD);
             continue;
         }

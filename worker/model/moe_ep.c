@@ -210,17 +210,10 @@ static void combine_home(struct moe_ep *s, const struct model *m, struct kmoe *r
     k_moe_combine(m->K, out, r->ys, r);
 }
 
-void moe_ep_forward(struct moe_ep *s, const struct model *m, const struct layer_params *L, const float *const W[3],
-                    struct kmoe *r, const float *x, float *out)
+/* s bound to m's context (the first forward's) and shaped for P ranks of El experts each (the routing's P El). */
+static void ep_shape(struct moe_ep *s, const struct model *m, int P, int El)
 {
-    const struct model_shard *sh = &m->sh;
-    const int P = sh->ep_size, El = sh->n_experts, D = r->D, F = r->F;
-    const size_t d = (size_t)D, i4 = sizeof(int32_t);
-    if (!k_has_moe_ep(m->K))
-        check_failf(__FILE__, __LINE__, "expert parallelism: the %s back-end has no row moves for its dispatch",
-                    m->K->ops->name);
-    if (m->K->device != KDEV_CPU && r->lora) /* lora.c refuses it first: LoRA on the experts is the CPU's */
-        check_failf(__FILE__, __LINE__, "expert parallelism: LoRA on the experts runs on the CPU back-end only");
+    const size_t i4 = sizeof(int32_t);
     if (!s->K) {
         s->K = m->K;
         s->dev = m->K->device != KDEV_CPU;
@@ -238,6 +231,20 @@ void moe_ep_forward(struct moe_ep *s, const struct model *m, const struct layer_
         s->h_offs = xmalloc((size_t)(El + 1) * i4);
         s->loc.offs = ep_alloc(s, (size_t)(El + 1) * i4, "expert parallelism's offsets");
     }
+}
+
+void moe_ep_forward(struct moe_ep *s, const struct model *m, const struct layer_params *L, const float *const W[3],
+                    struct kmoe *r, const float *x, float *out)
+{
+    const struct model_shard *sh = &m->sh;
+    const int P = sh->ep_size, El = sh->n_experts, D = r->D, F = r->F;
+    const size_t d = (size_t)D, i4 = sizeof(int32_t);
+    if (!k_has_moe_ep(m->K))
+        check_failf(__FILE__, __LINE__, "expert parallelism: the %s back-end has no row moves for its dispatch",
+                    m->K->ops->name);
+    if (m->K->device != KDEV_CPU && r->lora) /* lora.c refuses it first: LoRA on the experts is the CPU's */
+        check_failf(__FILE__, __LINE__, "expert parallelism: LoRA on the experts runs on the CPU back-end only");
+    ep_shape(s, m, P, El);
     /* the routing's offsets where the host reads them */
     const int32_t *offs = r->offs;
     if (s->dev) {
@@ -334,4 +341,59 @@ void moe_ep_backward(struct moe_ep *s, const struct model *m, const struct layer
                            s->dyr, L->w_gate, L->w_up, L->w_down, &s->loc);
     ep_alltoallv(s, sh->ep, s->dxr, s->rc, dxs, s->sc); /* the inputs' gradients, like the combine */
     k_moe_scatter(m->K, dx, dxs, r);
+}
+
+void moe_tp_forward(struct moe_ep *s, const struct model *m, const float *const W[3], struct kmoe *r, const float *x,
+                    float *out)
+{
+    const struct model_shard *sh = &m->sh;
+    const int T = sh->tp_size, El = sh->n_experts, lo = sh->expert_lo, D = r->D, F = r->F;
+    const size_t d = (size_t)D, i4 = sizeof(int32_t);
+    if (!k_has_moe_ep(m->K))
+        check_failf(__FILE__, __LINE__, "experts over TP: the %s back-end has no row moves", m->K->ops->name);
+    if (r->lora || r->bi_groups > 1) /* the configuration refuses both with it */
+        check_failf(__FILE__, __LINE__, "experts over TP: no adapter terms on the experts, no batch-invariant groups");
+    ep_shape(s, m, T, El); /* the routing's offsets: T El + 1 of them */
+    const int32_t *offs = r->offs;
+    if (s->dev) {
+        k_to_host(m->K, s->offs_h, r->offs, ((size_t)T * El + 1) * i4);
+        offs = s->offs_h;
+    }
+    k_moe_gather(m->K, r->xs, x, r); /* every slot's input, in expert order: this rank's experts' are one block */
+    const int a = offs[lo], R = offs[lo + El] - a;
+    local_reserve(s, R, D, F, 1);
+    s->R = R;
+    struct kmoe *q = &s->loc;
+    *q = (struct kmoe){.N = R,
+                       .E = El,
+                       .k = 1,
+                       .D = D,
+                       .F = F,
+                       .wt = s->wt1,
+                       .order = q->order,
+                       .offs = q->offs,
+                       .pos = q->pos,
+                       .xs = q->xs,
+                       .ys = q->ys,
+                       .g = q->g,
+                       .u = q->u,
+                       .a = q->a,
+                       .bwd_d = q->bwd_d,
+                       .bwd_f = q->bwd_f};
+    int32_t *h = s->dev ? s->h_offs : q->offs, *ord = s->dev ? s->h_order : q->order;
+    for (int e = 0; e <= El; e++)
+        h[e] = offs[lo + e] - a;
+    for (int j = 0; j < R; j++)
+        ord[j] = j;
+    if (s->dev) {
+        k_to_device(m->K, q->offs, h, (size_t)(El + 1) * i4);
+        k_to_device(m->K, q->order, ord, (size_t)R * i4);
+        k_to_device(m->K, q->pos, ord, (size_t)R * i4); /* identity: the slots are in their experts' order */
+    }
+    k_moe_experts_forward(m->K, s->yr, r->xs + (size_t)a * d, W[0], W[1], W[2], q); /* unit weights: yr = ys */
+    /* the other ranks' experts' slots give 0 here: the TP group's sum adds their outputs */
+    k_zero(m->K, r->ys, (size_t)r->N * r->k * d * sizeof(float));
+    if (R > 0)
+        k_copy(m->K, r->ys + (size_t)a * d, s->yr, (size_t)R * d * sizeof(float));
+    k_moe_combine(m->K, out, r->ys, r);
 }

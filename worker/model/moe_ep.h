@@ -24,6 +24,12 @@ void moe_ep_free(struct moe_ep *s);
  * batch-invariant mode the hook's merged, model_expert_weights). Collective over m->sh.ep. */
 void moe_ep_forward(struct moe_ep *s, const struct model *m, const struct layer_params *L, const float *const W[3],
                     struct kmoe *r, const float *x, float *out);
+/* Generation with the experts held whole over the TP group (struct model_shard's experts_over_tp): every TP rank
+ * holds every token, so nothing is dispatched: this rank runs its experts on the slots routed to them (one GEMM per
+ * expert, as above), and out (N, D) gets those slots' weighted sum, its part of the layer's output, which the TP
+ * group sums after it as it sums experts split over their rows. No collective. */
+void moe_tp_forward(struct moe_ep *s, const struct model *m, const float *const W[3], struct kmoe *r, const float *x,
+                    float *out);
 /* Its backward from dy (N, D): dx (N, D, zeroed by the caller) gets the experts' input gradient, dwt (N k) the
  * routing weights', G (NULL: none) this rank's experts' weight gradients, accumulated. scratch holds 2 N k D
  * floats. Collective over m->sh.ep. */

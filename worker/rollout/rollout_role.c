@@ -250,11 +250,18 @@ static int setup(struct rollout_rank *r, char *err, size_t errlen)
         return -1;
     if (r->eng) { /* this rank's shard of the group's model */
         if (model_shard_check(&r->policy->cfg, r->env->at.tp_size,
-                              "actor_rollout_ref.rollout.tensor_model_parallel_size", err, errlen) != 0)
+                              "actor_rollout_ref.rollout.tensor_model_parallel_size", err, errlen) != 0 ||
+            (config_rollout_experts_over_tp(c) && model_ep_check(&r->policy->cfg, r->env->at.tp_size, 1, 1,
+                                                                 KEY_rollout_expert_parallel_size, err, errlen) != 0))
             return -1;
-        const struct model_layout lay = {r->env->at.tp, r->env->at.tp_size, 0, 1, r->eng, NULL, NULL, 0, 1, NULL};
+        const struct model_layout lay = {
+            r->env->at.tp, r->env->at.tp_size, 0, 1, r->eng, NULL, NULL, 0, 1, NULL, config_rollout_experts_over_tp(c)};
         struct model *part = model_create_shard(&r->policy->cfg, &lay);
         model_shard_slice(part, r->policy->w.mem, part->w.mem);
+        if (part->sh.experts_over_tp)
+            log_info("rollout", "TP rank %d of %d generates with experts %d..%d of %d whole (expert parallelism)",
+                     r->env->at.tp, r->env->at.tp_size, part->sh.expert_lo, part->sh.expert_lo + part->sh.n_experts - 1,
+                     r->policy->cfg.n_experts);
         /* LoRA: the head keeps the whole base and the adapter, merges each version's adapter into a copy of it
          * and hands every TP rank its shard of the merged weights (as without LoRA); the peers hold no adapter */
         if (r->head && (c->arr_model_lora_rank > 0 || c->arr_model_lora_adapter_path[0])) {
@@ -653,7 +660,8 @@ static size_t reshard_send(struct rollout_rank *r, int64_t version, size_t bucke
     const size_t per = bucket / sizeof(float) > 0 ? bucket / sizeof(float) : 1;
     size_t sent = 0;
     for (int p = 1; p < comm_size(r->eng); p++) {
-        const struct model_layout lay = {p, comm_size(r->eng), 0, 1, r->eng, NULL, NULL, 0, 1, NULL};
+        const struct model_layout lay = {
+            p, comm_size(r->eng), 0, 1, r->eng, NULL, NULL, 0, 1, NULL, config_rollout_experts_over_tp(r->env->cfg)};
         struct model *part = model_create_shard(&r->policy->cfg, &lay);
         model_shard_slice(part, r->whole, part->w.mem);
         for (size_t off = 0; off < part->w.n_floats; off += per) {

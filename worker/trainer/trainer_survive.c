@@ -522,7 +522,7 @@ void trainer_join_shard(struct trainer *t, int tp_rank, int tp_size, int pp_rank
     grad_reducer_free(t->overlap);
     t->overlap = NULL;
     model_free_grads(t->policy);
-    const struct model_layout ml = {tp_rank, tp_size, pp_rank, pp_size, t->lay.tp, t->lay.pp, mp, 0, 1, NULL};
+    const struct model_layout ml = {tp_rank, tp_size, pp_rank, pp_size, t->lay.tp, t->lay.pp, mp, 0, 1, NULL, false};
     struct kctx *K = t->policy->K; /* on GPUs its device: the shard made there, sliced from the whole in host memory */
     struct model *p = join_slice(t->policy, &ml); /* the replica's values come over them */
     model_free(t->policy);
