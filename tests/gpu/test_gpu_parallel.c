@@ -5,7 +5,9 @@
  *         each rank's log-probs and entropies against a whole model's on the device, and the gradients (the dense
  *         ones summed over the ranks, the experts' held once, assembled whole) against the whole models' summed
  *         over the ranks; plain, checkpointed, and with the load-balancing loss; and the whole model on the device
- *         against the CPU back-end's (a MoE model on CUDA);
+ *         against the CPU back-end's (a MoE model on CUDA); and, where each rank has a GPU (a TP group's collectives
+ *         run over NCCL), generation with the experts held whole over the 2 ranks as a TP group
+ *         (rollout.expert_parallel_size): prefill and decode logits against the whole model's;
  *   --sp  Ulysses: each rank a slice of a packed batch's tokens, the all-to-all around attention in device memory;
  *   --cp  ring attention: each rank the load-balanced chunks of every sequence, K/V passed around the ring;
  *         for both, every row's log-probs and entropies, and the gradients summed over the ranks, against the whole
@@ -177,6 +179,43 @@ static void ep_case(const char *name, const struct model_config *c, struct kctx 
     model_free(whole), model_free(part), model_free(cpu);
 }
 
+/* Generation with the experts held whole over a TP group of the 2 ranks (rollout.expert_parallel_size): each rank's
+ * shard on the device (its experts' local run: the offsets uploaded, the slots in device memory) gives the whole
+ * model's prefill and decode logits on the device. */
+static void etp_case(const char *name, const struct model_config *c, struct kctx *G, struct comm *world,
+                     struct comm *tp)
+{
+    const int rank = comm_rank(world), T = comm_size(world), V = c->vocab_size;
+    struct model *cpu = model_create(c);
+    model_init_random(cpu, 9, 0.2);
+    const struct model_layout lay = {
+        .tp_rank = rank, .tp_size = T, .pp_size = 1, .tp = tp, .mp = tp, .ep_size = 1, .experts_over_tp = true};
+    struct model *cpu_part = model_create_shard(c, &lay);
+    model_shard_slice(cpu_part, cpu->w.mem, cpu_part->w.mem);
+    struct model *whole = model_copy_to(cpu, G), *part = model_copy_to(cpu_part, G);
+    model_free(cpu_part);
+    int32_t ids[10], tg[2] = {3, 17};
+    for (int i = 0; i < 10; i++)
+        ids[i] = (int32_t)((i * 37 + 11) % V);
+    struct kv_cache *kw[2] = {kv_cache_create(whole, 16), kv_cache_create(whole, 16)};
+    struct kv_cache *kp[2] = {kv_cache_create(part, 16), kv_cache_create(part, 16)};
+    int ntok[2] = {4, 6}, one[2] = {1, 1};
+    float *gw = xmalloc((size_t)10 * V * sizeof(float)), *gp = xmalloc((size_t)10 * V * sizeof(float));
+    model_step(whole, kw, 2, ntok, ids, gw, true);
+    model_step(part, kp, 2, ntok, ids, gp, true);
+    expect_close(name, "prefill logits (experts whole over TP)", gp, gw, (size_t)10 * V, TOL);
+    model_step(whole, kw, 2, one, tg, gw, false);
+    model_step(part, kp, 2, one, tg, gp, false);
+    expect_close(name, "decode logits (experts whole over TP)", gp, gw, (size_t)2 * V, TOL);
+    for (int i = 0; i < 2; i++)
+        kv_cache_free(kw[i]), kv_cache_free(kp[i]);
+    free(gw), free(gp);
+    if (rank == 0)
+        log_info("test", "%s: experts whole over TP %d on %s, the group over %s: checked", name, T, G->ops->name,
+                 comm_caps(tp)->device_memory ? "NCCL (device memory)" : "MPI (staged through host memory)");
+    model_free(whole), model_free(part), model_free(cpu);
+}
+
 static void check_ep(struct kctx *G, struct comm *world, struct comm *nccl)
 {
     struct model_config qwen3moe = {.arch = ARCH_QWEN3_MOE,
@@ -205,6 +244,10 @@ static void check_ep(struct kctx *G, struct comm *world, struct comm *nccl)
         ep_case("mixtral", &mixtral, G, world, groups[i], 2);
         /* an empty batch on the last rank: it still runs the other's slots for its experts */
         ep_case("qwen3-moe-one-rank-idle", &qwen3moe, G, world, groups[i], comm_rank(world) == 1 ? 0 : 2);
+        if (comm_caps(groups[i])->device_memory) { /* a TP group on GPUs runs over NCCL (the engines' twins) */
+            etp_case("qwen3-moe", &qwen3moe, G, world, groups[i]);
+            etp_case("mixtral", &mixtral, G, world, groups[i]);
+        }
     }
 }
 

@@ -241,8 +241,9 @@ static int ep_refusals(const struct trainer *t, char *err, size_t errlen)
  * reference, gradients and optimizer state exist, so that only the weights are ever held whole). */
 static void shard_policy(struct trainer *t)
 {
-    const struct model_layout ml = {t->lay.tp_rank, t->lay.tp_size, t->lay.pp_rank, t->lay.pp_size, t->lay.tp,
-                                    t->lay.pp,      t->lay.mp,      t->lay.ep_rank, t->lay.ep_size, t->lay.ep, false};
+    const struct model_layout ml = {t->lay.tp_rank, t->lay.tp_size, t->lay.pp_rank, t->lay.pp_size,
+                                    t->lay.tp,      t->lay.pp,      t->lay.mp,      t->lay.ep_rank,
+                                    t->lay.ep_size, t->lay.ep,      false};
     struct model *p = model_create_shard(&t->policy->cfg, &ml);
     model_shard_slice(p, t->policy->w.mem, p->w.mem);
     if (t->lay.ep)
