@@ -250,17 +250,7 @@ copy_lost tpmt 1 "DP 2 x TP 2 trainers, multi-turn, the lead's copy" "$TP" "${MT
     trainer.validation_data_dir="$TMP/tpmt/val"
 survived tpmt 3 1 1
 same_as tpmt onemt "the multi-turn process"
-out=$(python3 - "$TMP/onemt/val" "$TMP/tpmt/val" 2>&1 <<'PY'
-import glob, json, sys
-def outs(d):
-    return [[json.loads(l)["output"] for l in open(f)] for f in sorted(glob.glob(d + "/*.jsonl"))]
-a, b = outs(sys.argv[1]), outs(sys.argv[2])
-answered = sum(o.count("Again.") for f in a for o in f)
-if not a or a != b or not answered:
-    sys.exit(f"{len(a)} and {len(b)} dumps, equal: {a == b}, answers in them: {answered}")
-print(f"{sum(map(len, a))} validation responses, {answered} answers")
-PY
-)
+out=$(python3 "$SRC_ROOT/tests/mpi/same_val_dumps.py" "$TMP/onemt/val" "$TMP/tpmt/val" "Again." 2>&1)
 expect "tpmt: the surviving copy's validation gives one process's multi-turn responses ($out)" $?
 
 # refused by name

@@ -165,17 +165,7 @@ while IFS="|" read -r name np what keys; do
     out=$(same_weights onev "$name")
     expect "$what: weights after $STEPS steps match one process within 1e-5 ($out)" $?
     # the validation's conversations, answers included, as one process wrote them
-    out=$(python3 - "$TMP/onev/val" "$TMP/$name/val" <<'PY'
-import glob, json, sys
-def outs(d):
-    return [[json.loads(l)["output"] for l in open(f)] for f in sorted(glob.glob(d + "/*.jsonl"))]
-a, b = outs(sys.argv[1]), outs(sys.argv[2])
-answered = sum(o.count("Again.") for f in a for o in f)
-if not a or a != b or not answered:
-    sys.exit(f"{len(a)} and {len(b)} dumps, equal: {a == b}, answers in them: {answered}")
-print(f"{sum(map(len, a))} validation responses in {len(a)} dumps, {answered} answers")
-PY
-)
+    out=$(python3 "$SRC_ROOT/tests/mpi/same_val_dumps.py" "$TMP/onev/val" "$TMP/$name/val" "Again." 2>&1)
     expect "$what: validation's multi-turn responses are one process's ($out)" $?
 done <<EOF
 colortp|2|colocated DP 2, one engine of rollout TP 2|$RTP2 trainer.nnodes=1 trainer.n_gpus_per_node=2

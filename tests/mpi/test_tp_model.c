@@ -60,6 +60,27 @@ static void pipeline_pass(struct model *m, const struct packed_batch *pb, bool c
     free(x), free(y);
 }
 
+/* Generation on part against whole: two sequences prefilled (4 and 6 of ids), then one decode step each (tg's
+ * first two); every rank gets the whole logits. */
+static void check_generation(const char *name, struct model *whole, struct model *part, const int32_t *ids,
+                             const int32_t *tg)
+{
+    const int V = whole->cfg.vocab_size;
+    struct kv_cache *kw[2] = {kv_cache_create(whole, 16), kv_cache_create(whole, 16)};
+    struct kv_cache *kp[2] = {kv_cache_create(part, 16), kv_cache_create(part, 16)};
+    int ntok[2] = {4, 6}, one[2] = {1, 1};
+    float *gw = xmalloc((size_t)10 * V * sizeof(float)), *gp = xmalloc((size_t)10 * V * sizeof(float));
+    model_step(whole, kw, 2, ntok, ids, gw, true);
+    model_step(part, kp, 2, ntok, ids, gp, true);
+    expect_close(name, "prefill logits", gp, gw, (size_t)10 * V, 1e-5);
+    model_step(whole, kw, 2, one, tg, gw, false);
+    model_step(part, kp, 2, one, tg, gp, false);
+    expect_close(name, "decode logits", gp, gw, (size_t)2 * V, 1e-5);
+    for (int i = 0; i < 2; i++)
+        kv_cache_free(kw[i]), kv_cache_free(kp[i]);
+    free(gw), free(gp);
+}
+
 static void check_config(const char *name, const struct model_config *c, const struct parallel_groups *g,
                          struct comm *mp, float aux_coef)
 {
@@ -154,22 +175,7 @@ static void check_config(const char *name, const struct model_config *c, const s
         }
         free(g);
     }
-    /* generation: prefill two sequences, then one decode step each */
-    const int V = c->vocab_size;
-    struct kv_cache *kw[2] = {kv_cache_create(whole, 16), kv_cache_create(whole, 16)};
-    struct kv_cache *kp[2] = {kv_cache_create(part, 16), kv_cache_create(part, 16)};
-    int ntok[2] = {4, 6};
-    float *gw = xmalloc((size_t)10 * V * sizeof(float)), *gp = xmalloc((size_t)10 * V * sizeof(float));
-    model_step(whole, kw, 2, ntok, ids, gw, true);
-    model_step(part, kp, 2, ntok, ids, gp, true);
-    expect_close(name, "prefill logits", gp, gw, (size_t)10 * V, 1e-5);
-    int one[2] = {1, 1};
-    model_step(whole, kw, 2, one, tg, gw, false);
-    model_step(part, kp, 2, one, tg, gp, false);
-    expect_close(name, "decode logits", gp, gw, (size_t)2 * V, 1e-5);
-    for (int i = 0; i < 2; i++)
-        kv_cache_free(kw[i]), kv_cache_free(kp[i]);
-    free(gw), free(gp);
+    check_generation(name, whole, part, ids, tg);
     free(ids), free(tg), free(pos), free(dlogp), free(dent), free(lw), free(ew), free(lp), free(ep), free(back);
     model_free(whole);
     model_free(part);
@@ -201,23 +207,10 @@ static void check_experts_over_tp(const char *name, const struct model_config *c
         log_error("test", "%s: slice + assemble does not give the whole weights back", name);
     }
     free(back);
-    const int V = c->vocab_size;
     int32_t ids[10], tg[2] = {3, 17};
     for (int i = 0; i < 10; i++)
-        ids[i] = (int32_t)((i * 37 + 11) % V);
-    struct kv_cache *kw[2] = {kv_cache_create(whole, 16), kv_cache_create(whole, 16)};
-    struct kv_cache *kp[2] = {kv_cache_create(part, 16), kv_cache_create(part, 16)};
-    int ntok[2] = {4, 6}, one[2] = {1, 1};
-    float *gw = xmalloc((size_t)10 * V * sizeof(float)), *gp = xmalloc((size_t)10 * V * sizeof(float));
-    model_step(whole, kw, 2, ntok, ids, gw, true);
-    model_step(part, kp, 2, ntok, ids, gp, true);
-    expect_close(name, "prefill logits", gp, gw, (size_t)10 * V, 1e-5);
-    model_step(whole, kw, 2, one, tg, gw, false);
-    model_step(part, kp, 2, one, tg, gp, false);
-    expect_close(name, "decode logits", gp, gw, (size_t)2 * V, 1e-5);
-    for (int i = 0; i < 2; i++)
-        kv_cache_free(kw[i]), kv_cache_free(kp[i]);
-    free(gw), free(gp);
+        ids[i] = (int32_t)((i * 37 + 11) % c->vocab_size);
+    check_generation(name, whole, part, ids, tg);
     model_free(whole);
     model_free(part);
     if (g->at.tp_rank == 0)

@@ -746,7 +746,7 @@ struct pyinteraction {
 struct pyinteraction *pyinteraction_new(const char *name, const char *class_path, json_t *config,
                                         const struct pytool_options *o, char *err, size_t errlen)
 {
-    json_t *cfg = config && json_is_object(config) ? json_deep_copy(config) : json_object();
+    json_t *cfg = json_is_object(config) ? json_deep_copy(config) : json_object();
     if (!json_object_get(cfg, "name")) /* verl's registry gives the class its name in its config */
         json_object_set_new(cfg, "name", json_string(name));
     json_t *spec =

@@ -507,6 +507,21 @@ def clean_text(s):
 # ---- the helper ----
 
 
+def import_class(path):
+    """The class at path (package.module.Class), imported; ImportError or TypeError saying what is missing."""
+    mod_name, _, cls_name = path.rpartition(".")
+    if not mod_name or not cls_name:
+        raise ImportError("'%s' is not a class path (package.module.Class)" % path)
+    mod = importlib.import_module(mod_name)
+    cls = getattr(mod, cls_name, None)
+    if cls is None:
+        raise ImportError("module '%s' (%s) has no attribute '%s'" % (mod_name, getattr(mod, "__file__", "?"),
+                                                                    cls_name))
+    if not callable(cls):
+        raise TypeError("'%s' is not a class" % path)
+    return cls
+
+
 class Helper:
     def __init__(self, spec):
         self.loop = asyncio.new_event_loop()
@@ -526,16 +541,7 @@ class Helper:
 
     def load_class(self, spec):
         path = spec["class"]
-        mod_name, _, cls_name = path.rpartition(".")
-        if not mod_name or not cls_name:
-            raise ImportError("'%s' is not a class path (package.module.Class)" % path)
-        mod = importlib.import_module(mod_name)
-        cls = getattr(mod, cls_name, None)
-        if cls is None:
-            raise ImportError("module '%s' (%s) has no attribute '%s'" % (mod_name, getattr(mod, "__file__", "?"),
-                                                                        cls_name))
-        if not callable(cls):
-            raise TypeError("'%s' is not a class" % path)
+        cls = import_class(path)
         from verl.tools.schemas import OpenAIFunctionToolSchema
 
         self.obj = cls(config=spec["config"], tool_schema=OpenAIFunctionToolSchema.model_validate(spec["schema"]))
@@ -546,17 +552,7 @@ class Helper:
     def load_interaction(self, spec):
         """verl's interaction registry builds cls(config) with the config's name in it."""
         path = spec["class"]
-        mod_name, _, cls_name = path.rpartition(".")
-        if not mod_name or not cls_name:
-            raise ImportError("'%s' is not a class path (package.module.Class)" % path)
-        mod = importlib.import_module(mod_name)
-        cls = getattr(mod, cls_name, None)
-        if cls is None:
-            raise ImportError("module '%s' (%s) has no attribute '%s'" % (mod_name, getattr(mod, "__file__", "?"),
-                                                                        cls_name))
-        if not callable(cls):
-            raise TypeError("'%s' is not a class" % path)
-        self.obj = cls(dict(spec.get("config") or {}))
+        self.obj = import_class(path)(dict(spec.get("config") or {}))
         if not callable(getattr(self.obj, "generate_response", None)):
             raise TypeError("'%s' has no generate_response method (verl's BaseInteraction interface)" % path)
 

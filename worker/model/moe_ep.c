@@ -210,6 +210,34 @@ static void combine_home(struct moe_ep *s, const struct model *m, struct kmoe *r
     k_moe_combine(m->K, out, r->ys, r);
 }
 
+/* The local run of R slots over this rank's El experts (k 1, unit weights), its buffers reserved (the outputs in G
+ * groups: batch-invariant mode's); its order, offs and pos are the caller's to fill. */
+static struct kmoe *local_run(struct moe_ep *s, int R, int El, int D, int F, int G)
+{
+    local_reserve(s, R, D, F, G);
+    s->R = R;
+    struct kmoe *q = &s->loc;
+    *q = (struct kmoe){.N = R,
+                       .E = El,
+                       .k = 1,
+                       .D = D,
+                       .F = F,
+                       .wt = s->wt1,
+                       .order = q->order,
+                       .offs = q->offs,
+                       .pos = q->pos,
+                       .xs = q->xs,
+                       .ys = q->ys,
+                       .g = q->g,
+                       .u = q->u,
+                       .a = q->a,
+                       .bwd_d = q->bwd_d,
+                       .bwd_f = q->bwd_f,
+                       .bi_groups = G > 1 ? G : 0,
+                       .bi_apart = G > 1};
+    return q;
+}
+
 /* s bound to m's context (the first forward's) and shaped for P ranks of El experts each (the routing's P El). */
 static void ep_shape(struct moe_ep *s, const struct model *m, int P, int El)
 {
@@ -271,29 +299,9 @@ void moe_ep_forward(struct moe_ep *s, const struct model *m, const struct layer_
         R += (int)in;
     }
     const int G = r->bi_groups > 1 ? r->bi_groups : 1; /* batch-invariant mode's groups: each sent back apart */
-    local_reserve(s, R, D, F, G);
-    s->R = R;
+    struct kmoe *q = local_run(s, R, El, D, F, G);
     ep_alltoallv(s, sh->ep, r->xs, s->sc, s->xr, s->rc); /* dispatch */
     /* the received slots sorted by this rank's expert (then by peer, then in the sender's order) */
-    struct kmoe *q = &s->loc;
-    *q = (struct kmoe){.N = R,
-                       .E = El,
-                       .k = 1,
-                       .D = D,
-                       .F = F,
-                       .wt = s->wt1,
-                       .order = q->order,
-                       .offs = q->offs,
-                       .pos = q->pos,
-                       .xs = q->xs,
-                       .ys = q->ys,
-                       .g = q->g,
-                       .u = q->u,
-                       .a = q->a,
-                       .bwd_d = q->bwd_d,
-                       .bwd_f = q->bwd_f,
-                       .bi_groups = G > 1 ? G : 0,
-                       .bi_apart = G > 1};
     int32_t *lo = s->dev ? s->h_offs : q->offs, *ord = s->dev ? s->h_order : q->order;
     lo[0] = 0;
     for (int e = 0; e < El; e++) {
@@ -361,25 +369,7 @@ void moe_tp_forward(struct moe_ep *s, const struct model *m, const float *const 
     }
     k_moe_gather(m->K, r->xs, x, r); /* every slot's input, in expert order: this rank's experts' are one block */
     const int a = offs[lo], R = offs[lo + El] - a;
-    local_reserve(s, R, D, F, 1);
-    s->R = R;
-    struct kmoe *q = &s->loc;
-    *q = (struct kmoe){.N = R,
-                       .E = El,
-                       .k = 1,
-                       .D = D,
-                       .F = F,
-                       .wt = s->wt1,
-                       .order = q->order,
-                       .offs = q->offs,
-                       .pos = q->pos,
-                       .xs = q->xs,
-                       .ys = q->ys,
-                       .g = q->g,
-                       .u = q->u,
-                       .a = q->a,
-                       .bwd_d = q->bwd_d,
-                       .bwd_f = q->bwd_f};
+    struct kmoe *q = local_run(s, R, El, D, F, 1);
     int32_t *h = s->dev ? s->h_offs : q->offs, *ord = s->dev ? s->h_order : q->order;
     for (int e = 0; e <= El; e++)
         h[e] = offs[lo + e] - a;
