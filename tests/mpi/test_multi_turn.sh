@@ -89,7 +89,10 @@ expect "the split run's audit carries masks and conversations ($out)" $?
 
 # a Python interaction written for verl (tests/fixtures/tools/grade_interaction.py) in a run: it answers in the
 # trajectories with its per-trajectory tries, and its scores reach a Python scorer as extra_info.turn_scores (the
-# scorer returns their sum): each trajectory's score in the audit is the sum of 0.25 k over its answers k
+# scorer, strict, reads the key and returns the sum): each trajectory's score in the audit is the sum of 0.25 k over
+# its answers k. Then on colocated ranks generating as one engine of rollout TP 2: the engine's first rank runs the
+# interaction and every rank takes its trajectories' summaries, so the other rank's scorer finds turn_scores too (no
+# scorer raises)
 cp "$SRC_ROOT/tests/fixtures/tools/grade_interaction.py" "$TMP/"
 cat >"$TMP/grade.yaml" <<'EOF'
 interaction:
@@ -100,15 +103,14 @@ interaction:
 EOF
 cat >"$TMP/turn_scores.py" <<'EOF'
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-    return float(sum((extra_info or {}).get("turn_scores", [])))
+    return float(sum(extra_info["turn_scores"]))
 EOF
-# shellcheck disable=SC2046
-"$WORKER" $(common llama) "${MT[@]}" actor_rollout_ref.rollout.multi_turn.interaction_config_path="$TMP/grade.yaml" \
-    custom_reward_function.path="$TMP/turn_scores.py" custom_reward_function.name=compute_score \
-    trainer.total_training_steps=1 trainer.default_local_dir="$TMP/pyint" trainer.rollout_data_dir="$TMP/pyint/audit" \
-    >"$TMP/pyint.log" 2>&1
-expect "a run with a Python interaction finishes" $?
-out=$(python3 - "$TMP/pyint/audit" 2>&1 <<'PY'
+PYINT=(actor_rollout_ref.rollout.multi_turn.interaction_config_path="$TMP/grade.yaml"
+       custom_reward_function.path="$TMP/turn_scores.py" custom_reward_function.name=compute_score
+       trainer.total_training_steps=1)
+# pyint_check RUN: its audit's answers are the grader's, in order, and each score the sum of their turn scores
+pyint_check() {
+    python3 - "$TMP/$1/audit" 2>&1 <<'PY'
 import glob, json, sys
 lines = [json.loads(l) for f in glob.glob(sys.argv[1] + "/*.jsonl") for l in open(f)]
 answered = 0
@@ -126,8 +128,20 @@ if not lines or not answered:
     sys.exit(f"{answered} of {len(lines)} trajectories answered")
 print(f"{answered} of {len(lines)} trajectories answered, every score the sum of its turn scores")
 PY
-)
+}
+# shellcheck disable=SC2046
+"$WORKER" $(common llama) "${MT[@]}" "${PYINT[@]}" trainer.default_local_dir="$TMP/pyint" \
+    trainer.rollout_data_dir="$TMP/pyint/audit" >"$TMP/pyint.log" 2>&1
+expect "a run with a Python interaction finishes" $?
+out=$(pyint_check pyint)
 expect "the Python interaction's answers and turn_scores reach the audit and the scorer ($out)" $?
+# shellcheck disable=SC2046
+"${MPIRUN[@]}" -np 2 "$WORKER" $(common llama) "${MT[@]}" "${PYINT[@]}" trainer.default_local_dir="$TMP/pyintrtp" \
+    trainer.rollout_data_dir="$TMP/pyintrtp/audit" trainer.nnodes=1 trainer.n_gpus_per_node=2 \
+    actor_rollout_ref.rollout.tensor_model_parallel_size=2 >"$TMP/pyintrtp.log" 2>&1
+expect "a colocated run of one engine of rollout TP 2 with a Python interaction finishes" $?
+out=$(pyint_check pyintrtp) && ! grep -aq "raised" "$TMP/pyintrtp.log"
+expect "rollout TP 2: the grader's answers and turn_scores reach the scorer on both ranks, none raises ($out)" $?
 
 # a rollout TP group of 2 (the model split over the two rollout ranks): its first rank runs the environment and tells
 # the other each answer as it takes it, so both make the same steps; the run reproduces one process's

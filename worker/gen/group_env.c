@@ -98,13 +98,51 @@ static int env_poll(struct turn_env *te, struct turn_reply *out, int max, bool w
     return k;
 }
 
+/* A text of the head's told to the peers: its length (-1: NULL), then its bytes. */
+static char *bcast_text(struct group_env *g, const char *text)
+{
+    int64_t n = g->head ? (text ? (int64_t)strlen(text) : -1) : 0;
+    bcast(g, &n, 1, COMM_I64);
+    if (n < 0)
+        return NULL;
+    char *t = xmalloc((size_t)n + 1);
+    if (g->head)
+        memcpy(t, text, (size_t)n);
+    t[n] = 0;
+    int64_t words = (n + 7) / 8; /* the bytes as 8-byte words: a whole number of them, zero-padded */
+    int64_t *buf = xcalloc((size_t)(words ? words : 1), sizeof *buf);
+    if (g->head)
+        memcpy(buf, t, (size_t)n);
+    bcast(g, buf, (size_t)words, COMM_I64);
+    if (!g->head)
+        memcpy(t, buf, (size_t)n);
+    free(buf);
+    return t;
+}
+
+/* The head's summary, told to the peers: its counts, the scorer's extra_info (reward_json: the tools' and the
+ * interaction's scores) and the conversation, so that every rank of the group scores and reports what the head does
+ * (a colocated engine's ranks, a trainer's model copy validating). */
 static void env_finish(struct turn_env *te, int traj, struct turn_summary *out)
 {
     struct group_env *g = (struct group_env *)te;
     if (g->head)
         g->inner->ops->finish(g->inner, traj, out);
-    else /* a peer's batch is not sent: the head's summaries are the run's */
+    else
         memset(out, 0, sizeof *out);
+    if (!g->group)
+        return;
+    double w[6] = {out->turns,        out->tool_calls, out->tool_errors,
+                   out->tool_seconds, out->mismatch,   out->template_errors};
+    bcast(g, w, 6, COMM_F64);
+    char *reward = bcast_text(g, out->reward_json), *messages = bcast_text(g, out->messages_json);
+    if (g->head) {
+        free(reward), free(messages);
+        return;
+    }
+    out->turns = (int)w[0], out->tool_calls = (int)w[1], out->tool_errors = (int)w[2];
+    out->tool_seconds = w[3], out->mismatch = w[4] != 0, out->template_errors = (int)w[5];
+    out->reward_json = reward, out->messages_json = messages;
 }
 
 static const struct turn_env_ops group_ops = {env_begin, env_turn_end, env_poll, env_finish};

@@ -1,7 +1,8 @@
 /* The turn environment of a group of ranks that generates as one engine (a model split over TP or PP ranks: a
  * rollout TP group, a colocated engine, a trainer's TP x PP model copy validating): the group's first rank runs the
  * real one (its tools, its sandbox, its interactions) and tells its peers, over the group, each trajectory's kind at
- * its start and every answer as it takes it; the peers run no tool and mirror it. Every rank's generation then makes
+ * its start, every answer as it takes it, and each trajectory's summary at its end (the scorer's extra_info, the
+ * conversation); the peers run no tool and mirror it. Every rank's generation then makes
  * the same steps in the same order (worker/gen/multi_turn.c is deterministic given the answers it takes), as the
  * model's collectives need. */
 #ifndef GRPO_WORKER_GEN_GROUP_ENV_H
