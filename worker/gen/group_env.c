@@ -106,7 +106,7 @@ static char *bcast_text(struct group_env *g, const char *text)
     if (n < 0)
         return NULL;
     char *t = xmalloc((size_t)n + 1);
-    if (g->head)
+    if (g->head && text) /* n >= 0 on the head: its text */
         memcpy(t, text, (size_t)n);
     t[n] = 0;
     int64_t words = (n + 7) / 8; /* the bytes as 8-byte words: a whole number of them, zero-padded */
