@@ -88,7 +88,6 @@ static int load_one(struct icfg *y, struct interaction_set *s, const yaml_node_t
         json_decref(config);
         if (!it.py)
             return ifail(y, v[1], "interaction '%s': %s", name, e);
-        it.message = NULL;
     } else {
         const char *message = RETRY_MESSAGE;
         if (!empty) {

@@ -105,17 +105,14 @@ static char *bcast_text(struct group_env *g, const char *text)
     bcast(g, &n, 1, COMM_I64);
     if (n < 0)
         return NULL;
-    char *t = xmalloc((size_t)n + 1);
-    if (g->head && text) /* n >= 0 on the head: its text */
-        memcpy(t, text, (size_t)n);
-    t[n] = 0;
-    int64_t words = (n + 7) / 8; /* the bytes as 8-byte words: a whole number of them, zero-padded */
+    const int64_t words = (n + 7) / 8; /* the bytes as 8-byte words: a whole number of them, zero-padded */
     int64_t *buf = xcalloc((size_t)(words ? words : 1), sizeof *buf);
-    if (g->head)
-        memcpy(buf, t, (size_t)n);
+    if (g->head && text) /* n >= 0 on the head: its text */
+        memcpy(buf, text, (size_t)n);
     bcast(g, buf, (size_t)words, COMM_I64);
-    if (!g->head)
-        memcpy(t, buf, (size_t)n);
+    char *t = xmalloc((size_t)n + 1);
+    memcpy(t, buf, (size_t)n);
+    t[n] = 0;
     free(buf);
     return t;
 }
